@@ -1,0 +1,434 @@
+"""DecentralizedAdam: local AccumAdamW steps plus neighbour averaging that overlaps compute."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+from torch.utils.hooks import RemovableHandle
+
+from decentadam import distributed
+from decentadam.gossip import Communicator, Handle, ProcessGroupCommunicator, SingleProcessCommunicator
+from decentadam.optim.accum_adamw import ParamsT, check_hyperparameters, step_group
+from decentadam.topology import Topology, build
+
+__all__ = ["CommStats", "DecentralizedAdam"]
+
+logger = logging.getLogger(__name__)
+
+Overlap = Literal["step", "backward"]
+
+
+@dataclass
+class CommStats:
+    """Counters of the exchange, cumulative since construction (reset with ``reset()``).
+
+    Attributes:
+        wait_seconds: time spent blocked waiting for exchanges to arrive (communication that the
+            forward/backward did not hide).
+        bytes_sent: bytes of parameters this rank contributed to group averages.
+        exchanges: number of bucket exchanges started.
+    """
+
+    wait_seconds: float = 0.0
+    bytes_sent: int = 0
+    exchanges: int = 0
+
+    def reset(self) -> None:
+        self.wait_seconds, self.bytes_sent, self.exchanges = 0.0, 0, 0
+
+
+@dataclass(eq=False)
+class _Bucket:
+    """Parameters of one param group, device and dtype, averaged as one flat buffer."""
+
+    group_index: int
+    params: list[Tensor]
+    buffer: Tensor  # (numel,) send and receive buffer, one per bucket
+    views: list[Tensor]  # views of ``buffer`` shaped like ``params``
+    handle: Handle | None = None  # exchange in flight
+    pending_size: int = 0  # > 1: buffer holds (or will hold) the sum over a group of that many ranks
+    expected_hooks: int = 0  # backward mode: gradient accumulations per iteration
+    fired_hooks: int = 0
+    done: bool = False  # backward mode: stepped during this iteration's backward
+
+
+class DecentralizedAdam(Optimizer):
+    r"""Decentralized AccumAdamW: each rank keeps its own parameters and averages with neighbours.
+
+    For the ``t``-th call of :meth:`step` (``t = 0, 1, 2, ...``), on rank ``i``::
+
+        x_i(t+1) = sum_j W_ij(t) x_j(t) - lr * D_i(t)
+
+    where ``W(t) = topology.mixing_matrix(t)`` (rank ``i`` averages uniformly with the other members
+    of its group at step ``t``) and ``D_i(t)`` is rank ``i``'s AccumAdamW direction (decoupled weight
+    decay included) from its own gradient, computed at ``x_i(t)``. Adam moments never leave the rank.
+
+    Communication overlaps compute. Parameters are packed into flat buckets of about
+    ``bucket_size_mb``. At the end of step ``t`` each bucket copies ``x_i(t+1)`` into its buffer and
+    starts an asynchronous sum over its group of step ``t+1``; the sum travels while the next
+    forward/backward computes, and step ``t+1`` waits for it just before mixing. The buffers are the
+    only extra copy of the parameters.
+
+    ``overlap="backward"`` goes one step further: each bucket is stepped (wait, mix, update, start
+    the next exchange) from post-accumulate-grad hooks as soon as its gradients are final, so the
+    update overlaps the rest of backward. It cannot be used where gradients must be seen whole
+    before the update: global gradient-norm clipping, fp16 loss scalers that unscale or skip steps,
+    or gradient accumulation over several backward passes per step (the last is detected and
+    raises). The first iteration runs as in ``"step"`` mode to count how often each parameter's
+    gradient accumulates (tied weights accumulate twice).
+
+    Requires ``torch.distributed`` to be initialised when more than one process is launched; in a
+    single process without a process group it runs as plain AccumAdamW (``world_size`` 1).
+    Parameters are broadcast from rank 0 at construction.
+
+    Args:
+        params: parameters or parameter groups (as for torch optimizers).
+        lr, betas, eps, weight_decay, accum_steps: AccumAdamW hyper-parameters (see
+            :class:`decentadam.AccumAdamW`).
+        topology: a name for :func:`decentadam.topology.build` or a built :class:`Topology`.
+        local_world_size: ranks per node for node-aware topologies ("aer"); default: the
+            ``LOCAL_WORLD_SIZE`` environment variable set by torchrun / accelerate launch, else 1.
+        bucket_size_mb: target size of one communication bucket.
+        process_group: the ranks that train together (default: the world).
+        overlap: ``"step"`` (exchange overlaps the next forward/backward) or ``"backward"`` (the
+            update also overlaps backward; see above).
+        foreach: multi-tensor update path (``None``: on CUDA only).
+        communicator: replaces the ``torch.distributed`` collectives (tests, instrumentation).
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        accum_steps: int = 4,
+        topology: str | Topology = "aer",
+        local_world_size: int | None = None,
+        bucket_size_mb: float = 25.0,
+        process_group: torch.distributed.ProcessGroup | None = None,
+        *,
+        overlap: Overlap = "step",
+        foreach: bool | None = None,
+        communicator: Communicator | None = None,
+    ) -> None:
+        check_hyperparameters(lr, betas, eps, weight_decay, accum_steps)
+        if not bucket_size_mb > 0:
+            raise ValueError(f"bucket_size_mb must be > 0, got {bucket_size_mb}")
+        if overlap not in ("step", "backward"):
+            raise ValueError(f"overlap must be 'step' or 'backward', got {overlap!r}")
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "accum_steps": accum_steps,
+            "foreach": foreach,
+        }
+        super().__init__(params, defaults)
+
+        distributed.check_launch_environment()
+        if communicator is None and distributed.is_initialized():
+            world_size = torch.distributed.get_world_size(process_group)
+        else:
+            world_size = communicator.world_size if communicator is not None else 1
+        if isinstance(topology, Topology):
+            if topology.world_size != world_size:
+                raise ValueError(
+                    f"topology {topology.name!r} is built for {topology.world_size} ranks, but "
+                    f"{world_size} are training"
+                )
+            self.topology = topology
+        else:
+            if local_world_size is None:
+                local_world_size = min(distributed.env_local_world_size(), world_size)
+            self.topology = build(topology, world_size, local_world_size)
+
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        if communicator is None:
+            if world_size > 1:
+                distributed.check_same_parameters(all_params, process_group)
+                communicator = ProcessGroupCommunicator(self.topology, process_group)
+            else:
+                communicator = SingleProcessCommunicator()
+        self.communicator = communicator
+        self.rank = communicator.rank
+        self.world_size = world_size
+        self.overlap: Overlap = overlap
+        self.stats = CommStats()
+        self._step = 0  # t: completed calls of step()
+        self._sync_before_next_step = False  # after a resume, exchange x(t) before stepping
+        self._buckets = self._make_buckets(int(bucket_size_mb * 2**20))
+        self._bucket_of: dict[int, _Bucket] = {id(p): b for b in self._buckets for p in b.params}
+        self._hook_handles: list[RemovableHandle] = []
+        self._hooks_calibrated = False
+        self._broadcast_from_rank0(all_params)
+        if overlap == "backward":
+            for bucket in self._buckets:
+                for p in bucket.params:
+                    hook = p.register_post_accumulate_grad_hook(self._on_grad_ready)  # type: ignore[no-untyped-call]
+                    self._hook_handles.append(hook)
+        logger.info(
+            "DecentralizedAdam: rank %d of %d, topology %s (period %d, spectral gap %.3f), %d buckets",
+            self.rank,
+            world_size,
+            self.topology.name,
+            self.topology.period,
+            self.topology.spectral_gap(),
+            len(self._buckets),
+        )
+
+    # ------------------------------------------------------------------ the training step
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Mix in the neighbours' parameters, take the local AccumAdamW step, start the next exchange."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._sync_before_next_step:
+            for bucket in self._buckets:
+                self._start_exchange(bucket, self._step)
+            self._sync_before_next_step = False
+        for bucket in self._buckets:
+            if not bucket.done:  # in backward mode, buckets whose hooks did not all fire
+                self._step_bucket(bucket)
+        self._end_iteration()
+        self._step += 1
+        return loss
+
+    def _step_bucket(self, bucket: _Bucket) -> None:
+        self._mix(bucket)
+        group = self.param_groups[bucket.group_index]
+        step_group(self.state, group, [p for p in bucket.params if p.grad is not None])
+        self._start_exchange(bucket, self._step + 1)
+        bucket.done = True
+
+    def _mix(self, bucket: _Bucket) -> None:
+        """x_i <- sum_j W_ij(t) x_j(t): wait for the group sum and take its mean."""
+        if bucket.pending_size <= 1:
+            return
+        self._wait(bucket)
+        bucket.buffer.div_(bucket.pending_size)
+        torch._foreach_copy_(bucket.params, bucket.views)
+        bucket.pending_size = 0
+
+    def _wait(self, bucket: _Bucket) -> None:
+        if bucket.handle is not None:
+            start = time.perf_counter()
+            bucket.handle.wait()
+            self.stats.wait_seconds += time.perf_counter() - start
+            bucket.handle = None
+
+    def _start_exchange(self, bucket: _Bucket, step: int) -> None:
+        """Send x_i(step) to the group of ``step``; the sum arrives in ``bucket.buffer``."""
+        group = self.topology.group_of(self.rank, step)
+        bucket.pending_size = len(group)
+        if len(group) == 1:
+            return
+        torch._foreach_copy_(bucket.views, bucket.params)
+        bucket.handle = self.communicator.group_sum(bucket.buffer, group)
+        self.stats.bytes_sent += bucket.buffer.numel() * bucket.buffer.element_size()
+        self.stats.exchanges += 1
+
+    # ------------------------------------------------------------------ backward-overlap mode
+
+    def _on_grad_ready(self, param: Tensor) -> None:
+        bucket = self._bucket_of[id(param)]
+        if bucket.done:
+            raise RuntimeError(
+                "DecentralizedAdam(overlap='backward'): a gradient arrived for a bucket that was already "
+                "updated in this iteration. This happens with gradient accumulation over several "
+                "backward passes per optimizer step; use overlap='step' for that."
+            )
+        bucket.fired_hooks += 1
+        if self._hooks_calibrated and bucket.fired_hooks == bucket.expected_hooks:
+            with torch.no_grad():
+                self._step_bucket(bucket)
+
+    def _end_iteration(self) -> None:
+        if self.overlap == "backward" and not self._hooks_calibrated:
+            for bucket in self._buckets:
+                bucket.expected_hooks = bucket.fired_hooks
+            self._hooks_calibrated = True
+        for bucket in self._buckets:
+            bucket.fired_hooks = 0
+            bucket.done = False
+
+    def remove_hooks(self) -> None:
+        """Detach the backward-mode hooks (the optimizer then behaves as ``overlap="step"``)."""
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles.clear()
+        self.overlap = "step"
+        for bucket in self._buckets:
+            bucket.done = False
+
+    # ------------------------------------------------------------------ consensus
+
+    @torch.no_grad()
+    def average_parameters(self, restore: bool = True) -> _AveragedParameters:
+        """Set every rank's parameters to the exact average over all ranks (a collective).
+
+        ``with opt.average_parameters(): evaluate(model)`` evaluates the consensus model and
+        restores each rank's local parameters on exit, so training continues exactly as if nothing
+        happened. ``opt.average_parameters(restore=False)`` keeps the average (for a final model or a
+        checkpoint); training then continues from the consensus.
+        """
+        self._finish_exchanges()
+        saved = [torch.cat([p.reshape(-1) for p in b.params]) for b in self._buckets] if restore else None
+        for bucket in self._buckets:
+            mean = torch.cat([p.reshape(-1) for p in bucket.params])
+            self.communicator.world_sum(mean)
+            mean.div_(self.world_size)
+            torch._foreach_copy_(bucket.params, _views_like(mean, bucket.params))
+            if not restore:
+                bucket.pending_size = 0  # everyone holds the same x: mixing is the identity
+        return _AveragedParameters(self, saved)
+
+    @torch.no_grad()
+    def consensus_distance(self) -> float:
+        """mean_i ||x_i - x_bar||^2 over all ranks and parameters (a collective; float64 sums)."""
+        self._finish_exchanges()
+        total = torch.zeros((), dtype=torch.float64, device=self._device())
+        for bucket in self._buckets:
+            local = torch.cat([p.reshape(-1) for p in bucket.params]).double()
+            mean = local.clone()
+            self.communicator.world_sum(mean)
+            mean.div_(self.world_size)
+            total += (local - mean).square().sum()
+        self.communicator.world_sum(total)
+        return float(total.item()) / self.world_size
+
+    def _finish_exchanges(self) -> None:
+        """Wait for exchanges in flight (their results stay pending for the next step)."""
+        if self.overlap == "backward" and any(b.done for b in self._buckets):
+            raise RuntimeError("average/consensus between backward and step() is not supported")
+        for bucket in self._buckets:
+            self._wait(bucket)
+
+    def _device(self) -> torch.device:
+        return self._buckets[0].buffer.device if self._buckets else torch.device("cpu")
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def step_count(self) -> int:
+        """t: how many times step() has completed (the topology round of the next step is t % period)."""
+        return self._step
+
+    def state_dict(self) -> dict[str, Any]:
+        """The AccumAdamW state of this rank plus the decentralized step counter and topology."""
+        state = super().state_dict()
+        state["decentralized"] = {
+            "step": self._step,
+            "topology": self.topology.name,
+            "world_size": self.world_size,
+            "local_world_size": self.topology.local_world_size,
+        }
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load this rank's state; the next step first exchanges the (possibly diverse) parameters."""
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("decentralized", None)
+        super().load_state_dict(state_dict)
+        if extra is not None:
+            if extra["world_size"] != self.world_size or extra["topology"] != self.topology.name:
+                logger.warning(
+                    "optimizer state was saved with topology %s on %d ranks; continuing with %s on %d ranks",
+                    extra["topology"],
+                    extra["world_size"],
+                    self.topology.name,
+                    self.world_size,
+                )
+            self._step = int(extra["step"])
+        self._finish_exchanges()
+        for bucket in self._buckets:
+            bucket.pending_size = 0
+        self._sync_before_next_step = self.world_size > 1
+
+    # ------------------------------------------------------------------ construction helpers
+
+    def _make_buckets(self, bucket_bytes: int) -> list[_Bucket]:
+        """Pack trainable parameters, last-registered first (about the order gradients get ready)."""
+        buckets: list[_Bucket] = []
+        for index, group in enumerate(self.param_groups):
+            open_buckets: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+            sizes: dict[tuple[torch.device, torch.dtype], int] = {}
+            for p in reversed(group["params"]):
+                if not p.requires_grad:
+                    continue
+                key = (p.device, p.dtype)
+                members = open_buckets.setdefault(key, [])
+                if members and sizes[key] + p.numel() * p.element_size() > bucket_bytes:
+                    buckets.append(self._new_bucket(index, members))
+                    members = open_buckets[key] = []
+                members.append(p)
+                sizes[key] = sum(q.numel() * q.element_size() for q in members)
+            buckets.extend(self._new_bucket(index, members) for members in open_buckets.values() if members)
+        return buckets
+
+    @staticmethod
+    def _new_bucket(group_index: int, params: list[Tensor]) -> _Bucket:
+        buffer = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+        return _Bucket(
+            group_index=group_index,
+            params=params,
+            buffer=buffer,
+            views=_views_like(buffer, params),
+        )
+
+    def _broadcast_from_rank0(self, params: list[Tensor]) -> None:
+        if self.world_size == 1:
+            return
+        with torch.no_grad():
+            for p in params:
+                self.communicator.broadcast(p.data)
+
+
+class _AveragedParameters:
+    """Returned by :meth:`DecentralizedAdam.average_parameters`; restores local copies on exit."""
+
+    def __init__(self, optimizer: DecentralizedAdam, saved: list[Tensor] | None) -> None:
+        self._optimizer = optimizer
+        self._saved = saved
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.restore()
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        """Put back each rank's local parameters (no-op with ``restore=False`` or when done)."""
+        if self._saved is None:
+            return
+        for bucket, saved in zip(self._optimizer._buckets, self._saved, strict=True):
+            torch._foreach_copy_(bucket.params, _views_like(saved, bucket.params))
+        self._saved = None
+
+
+def _views_like(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
+    """Views of the 1-D ``flat`` shaped like ``params``, back to back."""
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return views

@@ -1,0 +1,111 @@
+"""The only place that issues collectives during training: group averaging behind a small interface.
+
+A :class:`Communicator` sums a flat buffer over one group of ranks, asynchronously, and returns a
+handle to wait on. :class:`ProcessGroupCommunicator` does it with ``torch.distributed`` (gloo or
+NCCL, same code); tests substitute their own implementation to observe or delay the exchange.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch.distributed as dist
+from torch import Tensor
+
+from decentadam.topology import Group, Topology
+
+__all__ = ["Communicator", "Handle", "ProcessGroupCommunicator", "SingleProcessCommunicator"]
+
+
+class Handle(Protocol):
+    """An exchange in flight."""
+
+    def wait(self) -> object:
+        """Block until the exchange has finished writing its result."""
+        ...
+
+
+class Communicator(Protocol):
+    """Collectives the decentralized optimizer needs, over topology rank numbers."""
+
+    rank: int
+    world_size: int
+
+    def group_sum(self, tensor: Tensor, group: Group) -> Handle:
+        """Start summing ``tensor`` in place over ``group`` (which contains ``rank``); async."""
+        ...
+
+    def world_sum(self, tensor: Tensor) -> None:
+        """Sum ``tensor`` in place over every rank; returns when done."""
+        ...
+
+    def broadcast(self, tensor: Tensor, src: int = 0) -> None:
+        """Overwrite ``tensor`` on every rank with rank ``src``'s; returns when done."""
+        ...
+
+
+class _Done:
+    def wait(self) -> object:
+        return True
+
+
+class SingleProcessCommunicator:
+    """world_size 1: every collective is the identity."""
+
+    rank = 0
+    world_size = 1
+
+    def group_sum(self, tensor: Tensor, group: Group) -> Handle:
+        return _Done()
+
+    def world_sum(self, tensor: Tensor) -> None:
+        return None
+
+    def broadcast(self, tensor: Tensor, src: int = 0) -> None:
+        return None
+
+
+class ProcessGroupCommunicator:
+    """Collectives on ``torch.distributed`` with one sub-group per distinct topology group.
+
+    All sub-groups are created up front, in the topology's fixed order, on every rank of
+    ``process_group`` (``torch.distributed.new_group`` is itself collective). Topology rank ``i`` is
+    rank ``i`` of ``process_group``.
+    """
+
+    def __init__(self, topology: Topology, process_group: dist.ProcessGroup | None = None) -> None:
+        self.process_group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+        if topology.world_size != self.world_size:
+            raise ValueError(
+                f"topology is built for {topology.world_size} ranks but the process group has "
+                f"{self.world_size}"
+            )
+        self._groups: dict[Group, dist.ProcessGroup] = {}
+        for group in topology.distinct_groups():
+            if len(group) == self.world_size:
+                handle = process_group if process_group is not None else dist.group.WORLD
+            else:
+                global_ranks = [self._global_rank(r) for r in group]
+                handle = dist.new_group(global_ranks)
+            if self.rank in group:
+                assert handle is not None
+                self._groups[group] = handle
+
+    def _global_rank(self, rank: int) -> int:
+        if self.process_group is None:
+            return rank
+        return dist.get_global_rank(self.process_group, rank)
+
+    def group_sum(self, tensor: Tensor, group: Group) -> Handle:
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self._groups[group], async_op=True)
+        assert work is not None
+        handle: Handle = work
+        return handle
+
+    def world_sum(self, tensor: Tensor) -> None:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.process_group)
+
+    def broadcast(self, tensor: Tensor, src: int = 0) -> None:
+        dist.broadcast(tensor, src=self._global_rank(src), group=self.process_group)

@@ -1,0 +1,308 @@
+"""AccumAdamW: AdamW whose moment history advances once per window of ``accum_steps`` steps."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, TypeAlias
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+__all__ = ["AccumAdamW", "ParamsT", "accum_adamw"]
+
+ParamsT: TypeAlias = Iterable[Tensor] | Iterable[dict[str, Any]]
+
+
+class AccumAdamW(Optimizer):
+    r"""Adam with decoupled weight decay and the accumulation trick (Wang et al.), purely local.
+
+    With window length ``s = accum_steps``, parameter ``x``, gradient ``g_t`` at local step
+    ``t = 1, 2, ...`` and committed moments ``M, V`` (zero at start)::
+
+        k      = ceil(t / s)                                   # number of the current window
+        m      = beta1 * M + (1 - beta1) * g_t                 # a preview of the moments with g_t
+        v      = beta2 * V + (1 - beta2) * g_t**2
+        x      = x * (1 - lr * weight_decay)
+        x      = x - lr * (m / (1 - beta1**k)) / (sqrt(v / (1 - beta2**k)) + eps)
+        b      = b + g_t / s                                   # the window's mean gradient
+        if t % s == 0:                                         # commit once per window
+            M = beta1 * M + (1 - beta1) * b
+            V = beta2 * V + (1 - beta2) * b**2
+            b = 0
+
+    Every step uses the current gradient, but the history in ``M, V`` only moves once per window and
+    with the window's mean gradient, which cuts the variance that small local batches put into
+    ``V``. With ``accum_steps=1`` this is exactly :class:`torch.optim.AdamW`.
+
+    Weight decay applies to every parameter of a group with ``weight_decay > 0``; leave biases and
+    norms out by giving them their own group with ``weight_decay=0.0``, as with AdamW.
+
+    Per-parameter state (``optimizer.state[p]``), fixed keys:
+        ``step``: 0-dim float32 tensor, local steps taken (``t``);
+        ``exp_avg``: ``M``; ``exp_avg_sq``: ``V``;
+        ``grad_accum``: ``b``, the running mean gradient of the open window (only when
+        ``accum_steps > 1``).
+
+    Args:
+        params: parameters or parameter groups.
+        lr: learning rate.
+        betas: ``(beta1, beta2)``.
+        eps: added to the denominator.
+        weight_decay: decoupled weight decay coefficient.
+        accum_steps: window length ``s`` (``>= 1``).
+        foreach: use the multi-tensor (``torch._foreach_*``) path; ``None`` picks it when every
+            parameter is on CUDA, as torch does.
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        accum_steps: int = 1,
+        *,
+        foreach: bool | None = None,
+    ) -> None:
+        check_hyperparameters(lr, betas, eps, weight_decay, accum_steps)
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "accum_steps": accum_steps,
+            "foreach": foreach,
+        }
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Take one AccumAdamW step on every parameter that has a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            step_group(self.state, group, params)
+        return loss
+
+
+def check_hyperparameters(
+    lr: float, betas: tuple[float, float], eps: float, weight_decay: float, accum_steps: int
+) -> None:
+    """Raise ValueError naming the first invalid hyper-parameter."""
+    if not lr >= 0.0:
+        raise ValueError(f"lr must be >= 0, got {lr}")
+    if not 0.0 <= betas[0] < 1.0:
+        raise ValueError(f"betas[0] must be in [0, 1), got {betas[0]}")
+    if not 0.0 <= betas[1] < 1.0:
+        raise ValueError(f"betas[1] must be in [0, 1), got {betas[1]}")
+    if not eps >= 0.0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    if not (isinstance(accum_steps, int) and accum_steps >= 1):
+        raise ValueError(f"accum_steps must be an integer >= 1, got {accum_steps!r}")
+
+
+def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], params: list[Tensor]) -> None:
+    """Lazily create state for ``params`` (all with gradients) of ``group`` and take one step.
+
+    Shared by :class:`AccumAdamW` and the decentralized optimizer, which calls it per bucket.
+    """
+    if not params:
+        return
+    accum_steps: int = group["accum_steps"]
+    grads, exp_avgs, exp_avg_sqs, grad_accums, steps = [], [], [], [], []
+    for p in params:
+        grad = p.grad
+        assert grad is not None
+        if grad.is_sparse:
+            raise RuntimeError("AccumAdamW does not support sparse gradients; use dense embeddings")
+        if torch.is_complex(p):
+            raise RuntimeError("AccumAdamW does not support complex parameters; view them as real")
+        st = state[p]
+        if not st:
+            st["step"] = torch.tensor(0.0, dtype=torch.float32)
+            st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        if accum_steps > 1 and "grad_accum" not in st:
+            st["grad_accum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        grads.append(grad)
+        exp_avgs.append(st["exp_avg"])
+        exp_avg_sqs.append(st["exp_avg_sq"])
+        steps.append(st["step"])
+        if accum_steps > 1:
+            grad_accums.append(st["grad_accum"])
+    beta1, beta2 = group["betas"]
+    accum_adamw(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        grad_accums,
+        steps,
+        lr=group["lr"],
+        beta1=beta1,
+        beta2=beta2,
+        eps=group["eps"],
+        weight_decay=group["weight_decay"],
+        accum_steps=accum_steps,
+        foreach=group["foreach"],
+    )
+
+
+def accum_adamw(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    grad_accums: list[Tensor],
+    state_steps: list[Tensor],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    accum_steps: int,
+    foreach: bool | None = None,
+) -> None:
+    """Functional AccumAdamW: the update of :class:`AccumAdamW`, in place on every list.
+
+    ``grad_accums`` may be empty when ``accum_steps == 1``. ``state_steps`` are incremented here.
+    """
+    if accum_steps > 1 and len(grad_accums) != len(params):
+        raise ValueError("accum_steps > 1 needs one grad_accum tensor per parameter")
+    if foreach is None:
+        foreach = all(p.is_cuda for p in params)
+    for step in state_steps:
+        step += 1
+    t_values = [int(step.item()) for step in state_steps]
+    if foreach:
+        for index_list in _group_for_foreach(params, grads, t_values, accum_steps):
+            _foreach_accum_adamw(
+                [params[i] for i in index_list],
+                [grads[i] for i in index_list],
+                [exp_avgs[i] for i in index_list],
+                [exp_avg_sqs[i] for i in index_list],
+                [grad_accums[i] for i in index_list] if accum_steps > 1 else [],
+                t_values[index_list[0]],
+                lr=lr,
+                beta1=beta1,
+                beta2=beta2,
+                eps=eps,
+                weight_decay=weight_decay,
+                accum_steps=accum_steps,
+            )
+    else:
+        for i, param in enumerate(params):
+            _single_accum_adamw(
+                param,
+                grads[i],
+                exp_avgs[i],
+                exp_avg_sqs[i],
+                grad_accums[i] if accum_steps > 1 else None,
+                t_values[i],
+                lr=lr,
+                beta1=beta1,
+                beta2=beta2,
+                eps=eps,
+                weight_decay=weight_decay,
+                accum_steps=accum_steps,
+            )
+
+
+def _bias_corrections(t: int, accum_steps: int, beta1: float, beta2: float) -> tuple[float, float]:
+    k = -(-t // accum_steps)  # ceil(t / s)
+    return 1.0 - beta1**k, math.sqrt(1.0 - beta2**k)
+
+
+def _single_accum_adamw(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    grad_accum: Tensor | None,
+    t: int,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    accum_steps: int,
+) -> None:
+    bias_correction1, bias_correction2_sqrt = _bias_corrections(t, accum_steps, beta1, beta2)
+    if weight_decay != 0.0:
+        param.mul_(1.0 - lr * weight_decay)
+    if grad_accum is None:  # accum_steps == 1: the committed moments are the preview (AdamW)
+        exp_avg.lerp_(grad, 1.0 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        m, denom = exp_avg, exp_avg_sq.sqrt()
+    else:
+        m = torch.lerp(exp_avg, grad, 1.0 - beta1)
+        denom = torch.mul(exp_avg_sq, beta2).addcmul_(grad, grad, value=1.0 - beta2).sqrt_()
+    denom.div_(bias_correction2_sqrt).add_(eps)
+    param.addcdiv_(m, denom, value=-lr / bias_correction1)
+    if grad_accum is not None:
+        grad_accum.add_(grad, alpha=1.0 / accum_steps)
+        if t % accum_steps == 0:
+            exp_avg.lerp_(grad_accum, 1.0 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad_accum, grad_accum, value=1.0 - beta2)
+            grad_accum.zero_()
+
+
+def _foreach_accum_adamw(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    grad_accums: list[Tensor],
+    t: int,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    accum_steps: int,
+) -> None:
+    bias_correction1, bias_correction2_sqrt = _bias_corrections(t, accum_steps, beta1, beta2)
+    if weight_decay != 0.0:
+        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+    if not grad_accums:
+        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+        m, denom = exp_avgs, list(torch._foreach_sqrt(exp_avg_sqs))
+    else:
+        m = list(torch._foreach_lerp(exp_avgs, grads, 1.0 - beta1))
+        denom = list(torch._foreach_mul(exp_avg_sqs, beta2))
+        torch._foreach_addcmul_(denom, grads, grads, value=1.0 - beta2)
+        torch._foreach_sqrt_(denom)
+    torch._foreach_div_(denom, bias_correction2_sqrt)
+    torch._foreach_add_(denom, eps)
+    torch._foreach_addcdiv_(params, m, denom, value=-lr / bias_correction1)
+    if grad_accums:
+        torch._foreach_add_(grad_accums, grads, alpha=1.0 / accum_steps)
+        if t % accum_steps == 0:
+            torch._foreach_lerp_(exp_avgs, grad_accums, 1.0 - beta1)
+            torch._foreach_mul_(exp_avg_sqs, beta2)
+            torch._foreach_addcmul_(exp_avg_sqs, grad_accums, grad_accums, value=1.0 - beta2)
+            torch._foreach_zero_(grad_accums)
+
+
+def _group_for_foreach(
+    params: list[Tensor], grads: list[Tensor], t_values: list[int], accum_steps: int
+) -> list[list[int]]:
+    """Indices grouped so that each foreach call sees one device, one dtype and one step count."""
+    buckets: dict[tuple[torch.device, torch.dtype, torch.dtype, int], list[int]] = {}
+    for i, (param, grad) in enumerate(zip(params, grads, strict=True)):
+        key = (param.device, param.dtype, grad.dtype, t_values[i])
+        buckets.setdefault(key, []).append(i)
+    return list(buckets.values())

@@ -1,0 +1,106 @@
+"""Spawn n gloo processes on 127.0.0.1, run a function on each, collect results, fail on hang."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    results: Any,
+    pg_timeout_s: float,
+    env: dict[str, str],
+) -> None:
+    os.environ.update(env)
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=pg_timeout_s),
+        )
+        value = fn(rank, world_size, *args)
+        results.put((rank, "ok", value))
+    except BaseException:
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout_s: float = 120.0,
+    pg_timeout_s: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes; return results by rank.
+
+    Raises AssertionError with the failing rank's traceback, or when the processes do not finish
+    within ``timeout_s`` (a hang fails the test instead of stalling the suite).
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    child_env = {"OMP_NUM_THREADS": "1", "WORLD_SIZE": str(world_size), **(env or {})}
+    processes = [
+        ctx.Process(
+            target=_worker,
+            args=(rank, world_size, port, fn, args, results, pg_timeout_s, child_env),
+            daemon=True,
+        )
+        for rank in range(world_size)
+    ]
+    for process in processes:
+        process.start()
+    collected: dict[int, Any] = {}
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout_s)
+    try:
+        while len(collected) < world_size:
+            remaining = (deadline - datetime.datetime.now()).total_seconds()
+            if remaining <= 0:
+                raise AssertionError(
+                    f"distributed run timed out after {timeout_s}s; finished ranks: {sorted(collected)}"
+                )
+            try:
+                rank, status, value = results.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                dead = [
+                    r for r, p in enumerate(processes) if p.exitcode not in (None, 0) and r not in collected
+                ]
+                if dead:
+                    raise AssertionError(f"ranks {dead} died without reporting (exit codes)") from None
+                continue
+            if status == "error":
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            collected[rank] = value
+    finally:
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+    return [collected[rank] for rank in range(world_size)]

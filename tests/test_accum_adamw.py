@@ -1,0 +1,153 @@
+"""AccumAdamW: == torch AdamW for accum_steps=1, foreach == for-loop, the formula for s > 1, state."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from decentadam import AccumAdamW
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(7, 11), nn.GELU(), nn.LayerNorm(11), nn.Linear(11, 2)).double()
+
+
+def groups(model: nn.Module, weight_decay: float) -> list[dict[str, object]]:
+    decay = [p for p in model.parameters() if p.dim() > 1]
+    no_decay = [p for p in model.parameters() if p.dim() <= 1]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, offset: int = 0) -> None:
+    for step in range(offset, offset + steps):
+        generator = torch.Generator().manual_seed(step)
+        x = torch.randn(32, 7, generator=generator, dtype=torch.float64)
+        optimizer.zero_grad()
+        (model(x) - x[:, :2].sin()).square().mean().backward()
+        optimizer.step()
+
+
+def params_of(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_accum_steps_1_equals_torch_adamw(foreach: bool) -> None:
+    ours, theirs = make_model(), make_model()
+    train(ours, AccumAdamW(groups(ours, 0.1), lr=1e-2, betas=(0.9, 0.98), foreach=foreach), 100)
+    train(theirs, torch.optim.AdamW(groups(theirs, 0.1), lr=1e-2, betas=(0.9, 0.98), foreach=foreach), 100)
+    torch.testing.assert_close(params_of(ours), params_of(theirs), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("accum_steps", [1, 3, 4])
+def test_foreach_equals_for_loop(accum_steps: int) -> None:
+    a, b = make_model(), make_model()
+    train(a, AccumAdamW(groups(a, 0.05), lr=1e-2, accum_steps=accum_steps, foreach=False), 37)
+    train(b, AccumAdamW(groups(b, 0.05), lr=1e-2, accum_steps=accum_steps, foreach=True), 37)
+    torch.testing.assert_close(params_of(a), params_of(b), rtol=0, atol=1e-13)
+
+
+def test_accum_steps_4_matches_the_formula() -> None:
+    """A separate, plain implementation of ALGORITHMS.md section 3 on one flat vector."""
+    lr, beta1, beta2, eps, wd, s = 1e-2, 0.9, 0.999, 1e-8, 0.1, 4
+    torch.manual_seed(1)
+    x0 = torch.randn(50, dtype=torch.float64)
+    gradients = [
+        torch.randn(50, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(30)
+    ]
+
+    param = nn.Parameter(x0.clone())
+    optimizer = AccumAdamW([param], lr=lr, weight_decay=wd, accum_steps=s)
+    for g in gradients:
+        param.grad = g.clone()
+        optimizer.step()
+
+    x, big_m, big_v, b = (
+        x0.clone(),
+        torch.zeros(50, dtype=torch.float64),
+        torch.zeros(50, dtype=torch.float64),
+        0.0,
+    )
+    for t, g in enumerate(gradients, start=1):
+        k = math.ceil(t / s)
+        m = beta1 * big_m + (1 - beta1) * g
+        v = beta2 * big_v + (1 - beta2) * g**2
+        x = x * (1 - lr * wd) - lr * (m / (1 - beta1**k)) / ((v / (1 - beta2**k)).sqrt() + eps)
+        b = b + g / s
+        if t % s == 0:
+            big_m = beta1 * big_m + (1 - beta1) * b
+            big_v = beta2 * big_v + (1 - beta2) * b**2
+            b = 0.0
+    torch.testing.assert_close(param.detach(), x, rtol=0, atol=1e-13)
+    assert not torch.equal(x, _adamw_reference(x0, gradients, lr, beta1, beta2, eps, wd)), (
+        "s=4 must differ from AdamW"
+    )
+
+
+def _adamw_reference(
+    x0: torch.Tensor,
+    gradients: list[torch.Tensor],
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    wd: float,
+) -> torch.Tensor:
+    param = nn.Parameter(x0.clone())
+    optimizer = torch.optim.AdamW([param], lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd)
+    for g in gradients:
+        param.grad = g.clone()
+        optimizer.step()
+    return param.detach()
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_state_dict_round_trip_mid_window(foreach: bool) -> None:
+    """Save after 6 steps (inside the second window of 4), reload into a fresh optimizer, continue."""
+    straight = make_model()
+    train(straight, AccumAdamW(groups(straight, 0.1), lr=1e-2, accum_steps=4, foreach=foreach), 14)
+
+    first = make_model()
+    optimizer = AccumAdamW(groups(first, 0.1), lr=1e-2, accum_steps=4, foreach=foreach)
+    train(first, optimizer, 6)
+    saved_model, saved_optimizer = copy.deepcopy(first.state_dict()), copy.deepcopy(optimizer.state_dict())
+    state = next(iter(saved_optimizer["state"].values()))
+    assert set(state) == {"step", "exp_avg", "exp_avg_sq", "grad_accum"}
+    assert state["step"].item() == 6 and state["grad_accum"].abs().sum() > 0
+
+    resumed = make_model()
+    resumed.load_state_dict(saved_model)
+    optimizer = AccumAdamW(groups(resumed, 0.1), lr=1e-2, accum_steps=4, foreach=foreach)
+    optimizer.load_state_dict(saved_optimizer)
+    train(resumed, optimizer, 8, offset=6)
+    torch.testing.assert_close(params_of(resumed), params_of(straight), rtol=0, atol=0)
+
+
+def test_parameters_without_grad_are_skipped() -> None:
+    used, unused = nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(3))
+    optimizer = AccumAdamW([used, unused], lr=0.1, accum_steps=2)
+    used.grad = torch.ones(3)
+    optimizer.step()
+    assert torch.equal(unused.detach(), torch.ones(3)) and unused not in optimizer.state
+    assert not torch.equal(used.detach(), torch.ones(3))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"lr": -0.1}, "lr must be >= 0"),
+        ({"betas": (0.9, 1.0)}, r"betas\[1\]"),
+        ({"eps": -1.0}, "eps"),
+        ({"weight_decay": -0.1}, "weight_decay"),
+        ({"accum_steps": 0}, "accum_steps must be an integer >= 1"),
+        ({"accum_steps": 2.5}, "accum_steps must be an integer >= 1"),
+    ],
+)
+def test_bad_hyperparameters_name_the_problem(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        AccumAdamW([nn.Parameter(torch.zeros(1))], **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,216 @@
+"""DecentralizedAdam on real gloo process groups == an independent simulation of n workers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from decentadam import DecentralizedAdam
+from decentadam.topology import build
+from tests.distributed_harness import run_distributed
+
+STEPS = 30
+LR, BETAS, EPS, WD = 3e-2, (0.9, 0.999), 1e-8, 0.05
+
+# (topology, local_world_size, accum_steps, overlap)
+CONFIGS_4 = [
+    ("complete", 1, 4, "step"),
+    ("ring", 1, 4, "step"),
+    ("one-peer-exp", 1, 4, "step"),
+    ("aer", 2, 4, "step"),
+    ("aer", 1, 1, "step"),
+    ("aer", 2, 4, "backward"),
+    ("ring", 1, 2, "backward"),
+]
+CONFIGS_8 = [
+    ("complete", 1, 4, "step"),
+    ("ring", 1, 4, "step"),
+    ("one-peer-exp", 1, 4, "step"),
+    ("aer", 2, 4, "step"),
+    ("aer", 4, 4, "step"),
+    ("aer", 2, 4, "backward"),
+]
+
+
+def make_model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+
+
+def param_groups(model: nn.Module) -> list[dict[str, Any]]:
+    weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+    return [{"params": weights, "weight_decay": WD}, {"params": biases, "weight_decay": 0.0}]
+
+
+def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank-specific data: every rank sees different samples of the same teacher."""
+    generator = torch.Generator().manual_seed(10_000 * rank + step)
+    x = torch.randn(16, 6, generator=generator, dtype=torch.float64)
+    teacher = torch.linspace(-1.0, 1.0, 18, dtype=torch.float64).reshape(6, 3)
+    return x, torch.sin(x @ teacher)
+
+
+def loss_of(model: nn.Module, rank: int, step: int) -> torch.Tensor:
+    x, y = batch(rank, step)
+    return nn.functional.mse_loss(model(x), y)
+
+
+def flat(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def train_worker(
+    rank: int, world_size: int, configs: list[tuple[str, int, int, str]]
+) -> list[dict[str, Any]]:
+    out = []
+    for name, local_world_size, accum_steps, overlap in configs:
+        model = make_model(seed=100 + rank)  # different on every rank: the broadcast must fix it
+        optimizer = DecentralizedAdam(
+            param_groups(model),
+            lr=LR,
+            betas=BETAS,
+            eps=EPS,
+            accum_steps=accum_steps,
+            topology=name,
+            local_world_size=local_world_size,
+            bucket_size_mb=1e-4,  # ~100 bytes: several buckets per parameter group
+            overlap=overlap,  # type: ignore[arg-type]
+        )
+        for step in range(STEPS):
+            optimizer.zero_grad()
+            loss_of(model, rank, step).backward()
+            optimizer.step()
+        local = flat(model)
+        with optimizer.average_parameters():
+            average = flat(model)
+        restored = flat(model)
+        out.append(
+            {
+                "local": local,
+                "average": average,
+                "restored_equal": bool(torch.equal(local, restored)),
+                "consensus": optimizer.consensus_distance(),
+                "bytes_sent": optimizer.stats.bytes_sent,
+            }
+        )
+    return out
+
+
+def simulate(name: str, world_size: int, local_world_size: int, accum_steps: int) -> torch.Tensor:
+    """n workers in one process: mix with W(t), then the AccumAdamW formula written out plainly."""
+    topology = build(name, world_size, local_world_size)
+    models = [make_model(seed=100) for _ in range(world_size)]  # rank 0's initialisation everywhere
+    decay = [WD if n.endswith("weight") else 0.0 for n, _ in models[0].named_parameters()]
+    beta1, beta2 = BETAS
+    state = [[dict.fromkeys(("M", "V", "b"), 0.0) for _ in decay] for _ in models]
+    for step in range(STEPS):
+        grads = []
+        for rank, model in enumerate(models):
+            model.zero_grad()
+            loss_of(model, rank, step).backward()
+            grads.append([p.grad.detach().clone() for p in model.parameters()])
+        mixed = topology.mixing_matrix(step) @ torch.stack([flat(m) for m in models])  # (n, numel)
+        t = step + 1
+        k = math.ceil(t / accum_steps)
+        for rank, model in enumerate(models):
+            torch.nn.utils.vector_to_parameters(mixed[rank], model.parameters())
+            with torch.no_grad():
+                for j, p in enumerate(model.parameters()):
+                    s, g = state[rank][j], grads[rank][j]
+                    m = beta1 * s["M"] + (1 - beta1) * g
+                    v = beta2 * s["V"] + (1 - beta2) * g * g
+                    p.mul_(1 - LR * decay[j])
+                    p.sub_(LR * (m / (1 - beta1**k)) / ((v / (1 - beta2**k)).sqrt() + EPS))
+                    s["b"] = s["b"] + g / accum_steps
+                    if t % accum_steps == 0:
+                        s["M"] = beta1 * s["M"] + (1 - beta1) * s["b"]
+                        s["V"] = beta2 * s["V"] + (1 - beta2) * s["b"] ** 2
+                        s["b"] = 0.0
+    return torch.stack([flat(m) for m in models])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("world_size", "configs"), [(4, CONFIGS_4), (8, CONFIGS_8)])
+def test_matches_simulation_of_n_workers(world_size: int, configs: list[tuple[str, int, int, str]]) -> None:
+    per_rank = run_distributed(train_worker, world_size, configs, timeout_s=480)
+    for index, (name, local_world_size, accum_steps, overlap) in enumerate(configs):
+        label = f"{name} L={local_world_size} s={accum_steps} overlap={overlap}"
+        expected = simulate(name, world_size, local_world_size, accum_steps)
+        got = torch.stack([per_rank[r][index]["local"] for r in range(world_size)])
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-10, msg=lambda m, lab=label: f"{lab}: {m}")
+        mean = expected.mean(dim=0)
+        for r in range(world_size):
+            result = per_rank[r][index]
+            torch.testing.assert_close(result["average"], mean, rtol=0, atol=1e-10)
+            assert result["restored_equal"], label
+        distance = (expected - mean).square().sum(dim=1).mean().item()
+        assert per_rank[0][index]["consensus"] == pytest.approx(distance, rel=1e-8, abs=1e-14), label
+        if name != "complete":
+            assert distance > 0, f"{label}: ranks with different data should not agree exactly"
+
+
+def mismatched_worker(rank: int, world_size: int) -> str:
+    model = nn.Linear(4, 3 + rank)
+    try:
+        DecentralizedAdam(model.parameters(), topology="ring")
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_different_parameters_across_ranks_fail_at_construction() -> None:
+    messages = run_distributed(mismatched_worker, 2)
+    for message in messages:
+        assert "ranks hold different parameters" in message
+
+
+def test_launched_without_process_group_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(RuntimeError, match="not initialised"):
+        DecentralizedAdam(nn.Linear(2, 2).parameters())
+
+
+def test_single_process_equals_adamw() -> None:
+    model, reference = make_model(0), make_model(0)
+    ours = DecentralizedAdam(model.parameters(), lr=LR, weight_decay=WD, accum_steps=1, topology="aer")
+    theirs = torch.optim.AdamW(reference.parameters(), lr=LR, weight_decay=WD)
+    for step in range(20):
+        for m, opt in ((model, ours), (reference, theirs)):
+            opt.zero_grad()
+            loss_of(m, 0, step).backward()
+            opt.step()
+    torch.testing.assert_close(flat(model), flat(reference), rtol=0, atol=1e-14)
+
+
+def test_backward_overlap_rejects_two_backwards_per_step() -> None:
+    model = make_model(0)
+    optimizer = DecentralizedAdam(model.parameters(), overlap="backward")
+    optimizer.zero_grad()
+    loss_of(model, 0, 0).backward()  # the first iteration calibrates hook counts
+    optimizer.step()
+    optimizer.zero_grad()
+    loss_of(model, 0, 1).backward()
+    with pytest.raises(RuntimeError, match="gradient accumulation"):
+        loss_of(model, 0, 2).backward()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"lr": -1.0}, "lr"),
+        ({"accum_steps": 0}, "accum_steps"),
+        ({"betas": (1.0, 0.9)}, "betas"),
+        ({"bucket_size_mb": 0}, "bucket_size_mb"),
+        ({"overlap": "sometimes"}, "overlap"),
+        ({"topology": "star"}, "unknown topology"),
+    ],
+)
+def test_bad_arguments_name_the_problem(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        DecentralizedAdam(nn.Linear(2, 2).parameters(), **kwargs)
