@@ -100,7 +100,7 @@ class DecentralizedAdam(Optimizer):
         process_group: the ranks that train together (default: the world).
         overlap: ``"step"`` (exchange overlaps the next forward/backward) or ``"backward"`` (the
             update also overlaps backward; see above).
-        foreach: multi-tensor update path (``None``: on CUDA only).
+        foreach: multi-tensor update path (``None``: on CPU and CUDA).
         communicator: replaces the ``torch.distributed`` collectives (tests, instrumentation).
     """
 
@@ -390,11 +390,17 @@ class DecentralizedAdam(Optimizer):
         )
 
     def _broadcast_from_rank0(self, params: list[Tensor]) -> None:
+        """Start every rank from rank 0's parameters: one broadcast per bucket, then frozen tensors."""
         if self.world_size == 1:
             return
         with torch.no_grad():
+            for bucket in self._buckets:
+                torch._foreach_copy_(bucket.views, bucket.params)
+                self.communicator.broadcast(bucket.buffer)
+                torch._foreach_copy_(bucket.params, bucket.views)
             for p in params:
-                self.communicator.broadcast(p.data)
+                if id(p) not in self._bucket_of:
+                    self.communicator.broadcast(p.data)
 
 
 class _AveragedParameters:

@@ -53,7 +53,8 @@ class AccumAdamW(Optimizer):
         weight_decay: decoupled weight decay coefficient.
         accum_steps: window length ``s`` (``>= 1``).
         foreach: use the multi-tensor (``torch._foreach_*``) path; ``None`` picks it when every
-            parameter is on CUDA, as torch does.
+            parameter is on CPU or CUDA. On CPU it runs over cache-sized slices and is about twice
+            as fast as the for-loop path (benchmarks/optimizer_step.py).
     """
 
     def __init__(
@@ -179,26 +180,29 @@ def accum_adamw(
     if accum_steps > 1 and len(grad_accums) != len(params):
         raise ValueError("accum_steps > 1 needs one grad_accum tensor per parameter")
     if foreach is None:
-        foreach = all(p.is_cuda for p in params)
+        foreach = all(p.device.type in ("cpu", "cuda") for p in params)
     for step in state_steps:
         step += 1
     t_values = [int(step.item()) for step in state_steps]
     if foreach:
         for index_list in _group_for_foreach(params, grads, t_values, accum_steps):
-            _foreach_accum_adamw(
-                [params[i] for i in index_list],
-                [grads[i] for i in index_list],
-                [exp_avgs[i] for i in index_list],
-                [exp_avg_sqs[i] for i in index_list],
-                [grad_accums[i] for i in index_list] if accum_steps > 1 else [],
-                t_values[index_list[0]],
-                lr=lr,
-                beta1=beta1,
-                beta2=beta2,
-                eps=eps,
-                weight_decay=weight_decay,
-                accum_steps=accum_steps,
-            )
+            lists = [params, grads, exp_avgs, exp_avg_sqs] + ([grad_accums] if accum_steps > 1 else [])
+            selected = [[tensors[i] for i in index_list] for tensors in lists]
+            for p_, g_, m_, v_, *b_ in _cpu_chunks(selected):
+                _foreach_accum_adamw(
+                    p_,
+                    g_,
+                    m_,
+                    v_,
+                    b_[0] if b_ else [],
+                    t_values[index_list[0]],
+                    lr=lr,
+                    beta1=beta1,
+                    beta2=beta2,
+                    eps=eps,
+                    weight_decay=weight_decay,
+                    accum_steps=accum_steps,
+                )
     else:
         for i, param in enumerate(params):
             _single_accum_adamw(
@@ -295,6 +299,41 @@ def _foreach_accum_adamw(
             torch._foreach_mul_(exp_avg_sqs, beta2)
             torch._foreach_addcmul_(exp_avg_sqs, grad_accums, grad_accums, value=1.0 - beta2)
             torch._foreach_zero_(grad_accums)
+
+
+CPU_CHUNK_ELEMENTS = 2**18
+"""On CPU the foreach path works through slices of about this many elements (1 MiB of float32 per
+tensor list), so its temporaries stay in cache and are reused instead of being allocated (and
+page-faulted) at full model size every step. Elementwise math does not depend on the slicing."""
+
+
+def _cpu_chunks(lists: list[list[Tensor]]) -> list[list[list[Tensor]]]:
+    """Split parallel tensor lists into batches of flat slices of about CPU_CHUNK_ELEMENTS each.
+
+    ``lists[j][i]`` are same-shaped tensors (a parameter and its state). On CUDA, or where a tensor is
+    not contiguous, tensors are kept whole. Returns a list of batches, each shaped like ``lists``.
+    """
+    if lists[0][0].is_cuda:
+        return [lists]
+    batches: list[list[list[Tensor]]] = []
+    current: list[list[Tensor]] = [[] for _ in lists]
+    size = 0
+    for i in range(len(lists[0])):
+        group = [tensors[i] for tensors in lists]
+        if all(t.is_contiguous() for t in group):
+            pieces = [torch.split(t.view(-1), CPU_CHUNK_ELEMENTS) for t in group]
+        else:
+            pieces = [(t,) for t in group]
+        for parts in zip(*pieces, strict=True):
+            for j, part in enumerate(parts):
+                current[j].append(part)
+            size += parts[0].numel()
+            if size >= CPU_CHUNK_ELEMENTS:
+                batches.append(current)
+                current, size = [[] for _ in lists], 0
+    if size:
+        batches.append(current)
+    return batches
 
 
 def _group_for_foreach(
