@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -25,6 +26,7 @@ CONFIGS_4 = [
     ("aer", 1, 1, "step"),
     ("aer", 2, 4, "backward"),
     ("ring", 1, 2, "backward"),
+    ("aer", 2, 4, "resume"),  # "step" mode, rebuilt from state_dicts half-way
 ]
 CONFIGS_8 = [
     ("complete", 1, 4, "step"),
@@ -79,9 +81,11 @@ def train_worker(
             topology=name,
             local_world_size=local_world_size,
             bucket_size_mb=1e-4,  # ~100 bytes: several buckets per parameter group
-            overlap=overlap,  # type: ignore[arg-type]
+            overlap="step" if overlap == "resume" else overlap,  # type: ignore[arg-type]
         )
         for step in range(STEPS):
+            if overlap == "resume" and step == STEPS // 2:
+                model, optimizer = resume(model, optimizer, rank, name, local_world_size, accum_steps)
             optimizer.zero_grad()
             loss_of(model, rank, step).backward()
             optimizer.step()
@@ -99,6 +103,33 @@ def train_worker(
             }
         )
     return out
+
+
+def resume(
+    model: nn.Module,
+    optimizer: DecentralizedAdam,
+    rank: int,
+    name: str,
+    local_world_size: int,
+    accum_steps: int,
+) -> tuple[nn.Module, DecentralizedAdam]:
+    """A new process's view: fresh model and optimizer, then this rank's saved states loaded."""
+    model_state, optimizer_state = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+    new_model = make_model(seed=999)
+    new_optimizer = DecentralizedAdam(
+        param_groups(new_model),
+        lr=LR,
+        betas=BETAS,
+        eps=EPS,
+        accum_steps=accum_steps,
+        topology=name,
+        local_world_size=local_world_size,
+        bucket_size_mb=1e-4,
+    )
+    new_model.load_state_dict(model_state)  # after construction: its broadcast must not win
+    new_optimizer.load_state_dict(optimizer_state)
+    assert new_optimizer.step_count == STEPS // 2
+    return new_model, new_optimizer
 
 
 def simulate(name: str, world_size: int, local_world_size: int, accum_steps: int) -> torch.Tensor:
