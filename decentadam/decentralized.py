@@ -16,7 +16,7 @@ from torch.utils.hooks import RemovableHandle
 
 from decentadam import distributed
 from decentadam.gossip import Communicator, Handle, ProcessGroupCommunicator, SingleProcessCommunicator
-from decentadam.optim.accum_adamw import ParamsT, check_hyperparameters, step_group
+from decentadam.optim.accum_adamw import ParamsT, make_defaults, step_group
 from decentadam.topology import Topology, build
 
 __all__ = ["CommStats", "DecentralizedAdam"]
@@ -121,19 +121,11 @@ class DecentralizedAdam(Optimizer):
         foreach: bool | None = None,
         communicator: Communicator | None = None,
     ) -> None:
-        check_hyperparameters(lr, betas, eps, weight_decay, accum_steps)
+        defaults = make_defaults(lr, betas, eps, weight_decay, accum_steps, foreach)
         if not bucket_size_mb > 0:
             raise ValueError(f"bucket_size_mb must be > 0, got {bucket_size_mb}")
         if overlap not in ("step", "backward"):
             raise ValueError(f"overlap must be 'step' or 'backward', got {overlap!r}")
-        defaults = {
-            "lr": lr,
-            "betas": betas,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "accum_steps": accum_steps,
-            "foreach": foreach,
-        }
         super().__init__(params, defaults)
 
         distributed.check_launch_environment()

@@ -66,23 +66,29 @@ def flat(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+def make_optimizer(
+    model: nn.Module, name: str, local_world_size: int, accum_steps: int, overlap: str
+) -> DecentralizedAdam:
+    return DecentralizedAdam(
+        param_groups(model),
+        lr=LR,
+        betas=BETAS,
+        eps=EPS,
+        accum_steps=accum_steps,
+        topology=name,
+        local_world_size=local_world_size,
+        bucket_size_mb=1e-4,  # ~100 bytes: several buckets per parameter group
+        overlap="step" if overlap == "resume" else overlap,  # type: ignore[arg-type]
+    )
+
+
 def train_worker(
     rank: int, world_size: int, configs: list[tuple[str, int, int, str]]
 ) -> list[dict[str, Any]]:
     out = []
     for name, local_world_size, accum_steps, overlap in configs:
         model = make_model(seed=100 + rank)  # different on every rank: the broadcast must fix it
-        optimizer = DecentralizedAdam(
-            param_groups(model),
-            lr=LR,
-            betas=BETAS,
-            eps=EPS,
-            accum_steps=accum_steps,
-            topology=name,
-            local_world_size=local_world_size,
-            bucket_size_mb=1e-4,  # ~100 bytes: several buckets per parameter group
-            overlap="step" if overlap == "resume" else overlap,  # type: ignore[arg-type]
-        )
+        optimizer = make_optimizer(model, name, local_world_size, accum_steps, overlap)
         for step in range(STEPS):
             if overlap == "resume" and step == STEPS // 2:
                 model, optimizer = resume(model, optimizer, rank, name, local_world_size, accum_steps)
@@ -116,16 +122,7 @@ def resume(
     """A new process's view: fresh model and optimizer, then this rank's saved states loaded."""
     model_state, optimizer_state = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
     new_model = make_model(seed=999)
-    new_optimizer = DecentralizedAdam(
-        param_groups(new_model),
-        lr=LR,
-        betas=BETAS,
-        eps=EPS,
-        accum_steps=accum_steps,
-        topology=name,
-        local_world_size=local_world_size,
-        bucket_size_mb=1e-4,
-    )
+    new_optimizer = make_optimizer(new_model, name, local_world_size, accum_steps, "step")
     new_model.load_state_dict(model_state)  # after construction: its broadcast must not win
     new_optimizer.load_state_dict(optimizer_state)
     assert new_optimizer.step_count == STEPS // 2

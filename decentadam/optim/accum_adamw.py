@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 import torch
 from torch import Tensor
@@ -68,16 +68,7 @@ class AccumAdamW(Optimizer):
         *,
         foreach: bool | None = None,
     ) -> None:
-        check_hyperparameters(lr, betas, eps, weight_decay, accum_steps)
-        defaults = {
-            "lr": lr,
-            "betas": betas,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "accum_steps": accum_steps,
-            "foreach": foreach,
-        }
-        super().__init__(params, defaults)
+        super().__init__(params, make_defaults(lr, betas, eps, weight_decay, accum_steps, foreach))
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -92,10 +83,15 @@ class AccumAdamW(Optimizer):
         return loss
 
 
-def check_hyperparameters(
-    lr: float, betas: tuple[float, float], eps: float, weight_decay: float, accum_steps: int
-) -> None:
-    """Raise ValueError naming the first invalid hyper-parameter."""
+def make_defaults(
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    accum_steps: int,
+    foreach: bool | None,
+) -> dict[str, Any]:
+    """The param-group defaults of AccumAdamW; raises ValueError naming the first invalid one."""
     if not lr >= 0.0:
         raise ValueError(f"lr must be >= 0, got {lr}")
     if not 0.0 <= betas[0] < 1.0:
@@ -108,6 +104,14 @@ def check_hyperparameters(
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
     if not (isinstance(accum_steps, int) and accum_steps >= 1):
         raise ValueError(f"accum_steps must be an integer >= 1, got {accum_steps!r}")
+    return {
+        "lr": lr,
+        "betas": betas,
+        "eps": eps,
+        "weight_decay": weight_decay,
+        "accum_steps": accum_steps,
+        "foreach": foreach,
+    }
 
 
 def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], params: list[Tensor]) -> None:
@@ -184,6 +188,7 @@ def accum_adamw(
     for step in state_steps:
         step += 1
     t_values = [int(step.item()) for step in state_steps]
+    hyper = _Hyper(lr, beta1, beta2, eps, weight_decay, accum_steps)
     if foreach:
         for index_list in _group_for_foreach(params, grads, t_values, accum_steps):
             lists = [params, grads, exp_avgs, exp_avg_sqs] + ([grad_accums] if accum_steps > 1 else [])
@@ -196,12 +201,7 @@ def accum_adamw(
                     v_,
                     b_[0] if b_ else [],
                     t_values[index_list[0]],
-                    lr=lr,
-                    beta1=beta1,
-                    beta2=beta2,
-                    eps=eps,
-                    weight_decay=weight_decay,
-                    accum_steps=accum_steps,
+                    hyper,
                 )
     else:
         for i, param in enumerate(params):
@@ -212,18 +212,22 @@ def accum_adamw(
                 exp_avg_sqs[i],
                 grad_accums[i] if accum_steps > 1 else None,
                 t_values[i],
-                lr=lr,
-                beta1=beta1,
-                beta2=beta2,
-                eps=eps,
-                weight_decay=weight_decay,
-                accum_steps=accum_steps,
+                hyper,
             )
 
 
-def _bias_corrections(t: int, accum_steps: int, beta1: float, beta2: float) -> tuple[float, float]:
-    k = -(-t // accum_steps)  # ceil(t / s)
-    return 1.0 - beta1**k, math.sqrt(1.0 - beta2**k)
+class _Hyper(NamedTuple):
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    accum_steps: int
+
+    def bias_corrections(self, t: int) -> tuple[float, float]:
+        """(1 - beta1**k, sqrt(1 - beta2**k)) with k = ceil(t / s), the window number."""
+        k = -(-t // self.accum_steps)
+        return 1.0 - self.beta1**k, math.sqrt(1.0 - self.beta2**k)
 
 
 def _single_accum_adamw(
@@ -233,15 +237,10 @@ def _single_accum_adamw(
     exp_avg_sq: Tensor,
     grad_accum: Tensor | None,
     t: int,
-    *,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    accum_steps: int,
+    hyper: _Hyper,
 ) -> None:
-    bias_correction1, bias_correction2_sqrt = _bias_corrections(t, accum_steps, beta1, beta2)
+    lr, beta1, beta2, eps, weight_decay, accum_steps = hyper
+    bias_correction1, bias_correction2_sqrt = hyper.bias_corrections(t)
     if weight_decay != 0.0:
         param.mul_(1.0 - lr * weight_decay)
     if grad_accum is None:  # accum_steps == 1: the committed moments are the preview (AdamW)
@@ -268,15 +267,10 @@ def _foreach_accum_adamw(
     exp_avg_sqs: list[Tensor],
     grad_accums: list[Tensor],
     t: int,
-    *,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    accum_steps: int,
+    hyper: _Hyper,
 ) -> None:
-    bias_correction1, bias_correction2_sqrt = _bias_corrections(t, accum_steps, beta1, beta2)
+    lr, beta1, beta2, eps, weight_decay, accum_steps = hyper
+    bias_correction1, bias_correction2_sqrt = hyper.bias_corrections(t)
     if weight_decay != 0.0:
         torch._foreach_mul_(params, 1.0 - lr * weight_decay)
     if not grad_accums:
