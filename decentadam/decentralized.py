@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from types import TracebackType
 from typing import Any, Literal
 
@@ -15,7 +17,13 @@ from torch.optim import Optimizer
 from torch.utils.hooks import RemovableHandle
 
 from decentadam import distributed
-from decentadam.gossip import Communicator, Handle, ProcessGroupCommunicator, SingleProcessCommunicator
+from decentadam.gossip import (
+    NO_TIMEOUT,
+    Communicator,
+    Handle,
+    ProcessGroupCommunicator,
+    SingleProcessCommunicator,
+)
 from decentadam.optim.accum_adamw import ParamsT, make_defaults, step_group
 from decentadam.topology import Topology, build
 
@@ -101,6 +109,10 @@ class DecentralizedAdam(Optimizer):
         overlap: ``"step"`` (exchange overlaps the next forward/backward) or ``"backward"`` (the
             update also overlaps backward; see above).
         foreach: multi-tensor update path (``None``: on CPU and CUDA).
+        timeout: seconds to wait for one exchange before raising (a peer died or stalled); ``None``
+            leaves it to the process group's own timeout. With NCCL a timeout makes every wait
+            block the CPU until the exchange is done (torch's ``Work.wait`` semantics), so prefer
+            ``init_process_group(timeout=...)`` there.
         communicator: replaces the ``torch.distributed`` collectives (tests, instrumentation).
     """
 
@@ -119,6 +131,7 @@ class DecentralizedAdam(Optimizer):
         *,
         overlap: Overlap = "step",
         foreach: bool | None = None,
+        timeout: float | None = None,
         communicator: Communicator | None = None,
     ) -> None:
         defaults = make_defaults(lr, betas, eps, weight_decay, accum_steps, foreach)
@@ -126,6 +139,8 @@ class DecentralizedAdam(Optimizer):
             raise ValueError(f"bucket_size_mb must be > 0, got {bucket_size_mb}")
         if overlap not in ("step", "backward"):
             raise ValueError(f"overlap must be 'step' or 'backward', got {overlap!r}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
         super().__init__(params, defaults)
 
         distributed.check_launch_environment()
@@ -157,6 +172,7 @@ class DecentralizedAdam(Optimizer):
         self.world_size = world_size
         self.overlap: Overlap = overlap
         self.stats = CommStats()
+        self.timeout = NO_TIMEOUT if timeout is None else timedelta(seconds=timeout)
         self._step = 0  # t: completed calls of step()
         self._sync_before_next_step = False  # after a resume, exchange x(t) before stepping
         self._buckets = self._make_buckets(int(bucket_size_mb * 2**20))
@@ -218,9 +234,24 @@ class DecentralizedAdam(Optimizer):
     def _wait(self, bucket: _Bucket) -> None:
         if bucket.handle is not None:
             start = time.perf_counter()
-            bucket.handle.wait()
+            with self._explain_failure(self._step, "finish"):  # in flight: the exchange for step t
+                bucket.handle.wait(self.timeout)
             self.stats.wait_seconds += time.perf_counter() - start
             bucket.handle = None
+
+    @contextlib.contextmanager
+    def _explain_failure(self, step: int, what: str) -> Iterator[None]:
+        """Re-raise a failed collective with what it was for and what probably happened."""
+        try:
+            yield
+        except RuntimeError as error:
+            limit = f"{self.timeout.total_seconds():g} s" if self.timeout else "the process group's timeout"
+            raise RuntimeError(
+                f"rank {self.rank}: the parameter exchange for step {step} with ranks "
+                f"{self.topology.group_of(self.rank, step)} did not {what} "
+                f"(waited at most {limit}); a peer process probably died or stalled. Check the other "
+                f"ranks' logs. Cause: {error}"
+            ) from error
 
     def _start_exchange(self, bucket: _Bucket, step: int) -> None:
         """Send x_i(step) to the group of ``step``; the sum arrives in ``bucket.buffer``."""
@@ -229,7 +260,8 @@ class DecentralizedAdam(Optimizer):
         if len(group) == 1:
             return
         torch._foreach_copy_(bucket.views, bucket.params)
-        bucket.handle = self.communicator.group_sum(bucket.buffer, group)
+        with self._explain_failure(step, "start"):
+            bucket.handle = self.communicator.group_sum(bucket.buffer, group)
         self.stats.bytes_sent += bucket.buffer.numel() * bucket.buffer.element_size()
         self.stats.exchanges += 1
 

@@ -7,6 +7,7 @@ NCCL, same code); tests substitute their own implementation to observe or delay 
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Protocol
 
 import torch.distributed as dist
@@ -14,14 +15,17 @@ from torch import Tensor
 
 from decentadam.topology import Group, Topology
 
-__all__ = ["Communicator", "Handle", "ProcessGroupCommunicator", "SingleProcessCommunicator"]
+__all__ = ["NO_TIMEOUT", "Communicator", "Handle", "ProcessGroupCommunicator", "SingleProcessCommunicator"]
+
+NO_TIMEOUT = timedelta(0)
+"""``Handle.wait(NO_TIMEOUT)`` waits as long as the process group allows (torch's convention)."""
 
 
 class Handle(Protocol):
     """An exchange in flight."""
 
-    def wait(self) -> object:
-        """Block until the exchange has finished writing its result."""
+    def wait(self, timeout: timedelta = ...) -> object:
+        """Block until the exchange has finished writing its result (raise after ``timeout``)."""
         ...
 
 
@@ -45,7 +49,7 @@ class Communicator(Protocol):
 
 
 class _Done:
-    def wait(self) -> object:
+    def wait(self, timeout: timedelta = NO_TIMEOUT) -> object:
         return True
 
 

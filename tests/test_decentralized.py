@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+import time
 from typing import Any
 
 import pytest
@@ -196,6 +198,34 @@ def test_different_parameters_across_ranks_fail_at_construction() -> None:
     messages = run_distributed(mismatched_worker, 2)
     for message in messages:
         assert "ranks hold different parameters" in message
+
+
+def failing_peer_worker(rank: int, world_size: int, failure: str) -> tuple[str, float]:
+    """Rank 1 dies (or stalls) after 3 steps; rank 0 must stop with a clear error, not hang."""
+    model = make_model(0)
+    optimizer = DecentralizedAdam(model.parameters(), topology="complete", timeout=3.0)
+    for step in range(1000):
+        if rank == 1 and step == 3:
+            if failure == "dies":
+                os._exit(17)
+            time.sleep(120)
+        optimizer.zero_grad()
+        loss_of(model, rank, step).backward()
+        started = time.monotonic()
+        try:
+            optimizer.step()
+        except RuntimeError as error:
+            return str(error), time.monotonic() - started
+    return "no error", 0.0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("failure", ["dies", "stalls"])
+def test_a_failed_peer_stops_the_others_with_a_clear_error(failure: str) -> None:
+    message, seconds = run_distributed(failing_peer_worker, 2, failure, allow_missing=frozenset({1}))[0]
+    assert "a peer process probably died or stalled" in message, message
+    assert "ranks (0, 1)" in message
+    assert seconds < 3.0 + 5.0, f"rank 0 took {seconds:.1f} s to notice (timeout 3 s)"
 
 
 def test_launched_without_process_group_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,7 +23,7 @@ class ControlledExchange:
         self.arrived = True
         self.log.append("arrive")
 
-    def wait(self) -> object:
+    def wait(self, timeout: object = None) -> object:
         assert self.arrived, "step() waited for an exchange that the network had not delivered yet"
         self.log.append("wait")
         return True
