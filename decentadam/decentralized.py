@@ -310,15 +310,18 @@ class DecentralizedAdam(Optimizer):
         checkpoint); training then continues from the consensus.
         """
         self._finish_exchanges()
-        saved = [torch.cat([p.reshape(-1) for p in b.params]) for b in self._buckets] if restore else None
+        saved = []
         for bucket in self._buckets:
-            mean = torch.cat([p.reshape(-1) for p in bucket.params])
+            local = torch.cat([p.reshape(-1) for p in bucket.params])
+            mean = local.clone() if restore else local
             self.communicator.world_sum(mean)
             mean.div_(self.world_size)
             torch._foreach_copy_(bucket.params, _views_like(mean, bucket.params))
-            if not restore:
+            if restore:
+                saved.append(local)
+            else:
                 bucket.pending_size = 0  # everyone holds the same x: mixing is the identity
-        return _AveragedParameters(self, saved)
+        return _AveragedParameters(self, saved if restore else None)
 
     @torch.no_grad()
     def consensus_distance(self) -> float:
@@ -381,6 +384,9 @@ class DecentralizedAdam(Optimizer):
         for bucket in self._buckets:
             bucket.pending_size = 0
         self._sync_before_next_step = self.world_size > 1
+        # Backward mode: hooks would step the buckets before step() can exchange x(t); run the next
+        # iteration from step() (it also recounts the hooks).
+        self._hooks_calibrated = False
 
     # ------------------------------------------------------------------ construction helpers
 

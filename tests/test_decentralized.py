@@ -28,7 +28,9 @@ CONFIGS_4 = [
     ("aer", 1, 1, "step"),
     ("aer", 2, 4, "backward"),
     ("ring", 1, 2, "backward"),
-    ("aer", 2, 4, "resume"),  # "step" mode, rebuilt from state_dicts half-way
+    ("aer", 2, 4, "resume:step"),  # rebuilt from state_dicts half-way
+    ("aer", 2, 4, "resume:backward"),
+    ("aer", 2, 4, "reload:backward"),  # load_state_dict into the running, calibrated optimizer
 ]
 CONFIGS_8 = [
     ("complete", 1, 4, "step"),
@@ -80,7 +82,7 @@ def make_optimizer(
         topology=name,
         local_world_size=local_world_size,
         bucket_size_mb=1e-4,  # ~100 bytes: several buckets per parameter group
-        overlap="step" if overlap == "resume" else overlap,  # type: ignore[arg-type]
+        overlap=overlap.split(":")[-1],  # type: ignore[arg-type]
     )
 
 
@@ -92,8 +94,10 @@ def train_worker(
         model = make_model(seed=100 + rank)  # different on every rank: the broadcast must fix it
         optimizer = make_optimizer(model, name, local_world_size, accum_steps, overlap)
         for step in range(STEPS):
-            if overlap == "resume" and step == STEPS // 2:
-                model, optimizer = resume(model, optimizer, rank, name, local_world_size, accum_steps)
+            if overlap.startswith("resume:") and step == STEPS // 2:
+                model, optimizer = resume(model, optimizer, name, local_world_size, accum_steps, overlap)
+            if overlap.startswith("reload:") and step == STEPS // 2:
+                optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
             optimizer.zero_grad()
             loss_of(model, rank, step).backward()
             optimizer.step()
@@ -116,15 +120,15 @@ def train_worker(
 def resume(
     model: nn.Module,
     optimizer: DecentralizedAdam,
-    rank: int,
     name: str,
     local_world_size: int,
     accum_steps: int,
+    overlap: str,
 ) -> tuple[nn.Module, DecentralizedAdam]:
     """A new process's view: fresh model and optimizer, then this rank's saved states loaded."""
     model_state, optimizer_state = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
     new_model = make_model(seed=999)
-    new_optimizer = make_optimizer(new_model, name, local_world_size, accum_steps, "step")
+    new_optimizer = make_optimizer(new_model, name, local_world_size, accum_steps, overlap)
     new_model.load_state_dict(model_state)  # after construction: its broadcast must not win
     new_optimizer.load_state_dict(optimizer_state)
     assert new_optimizer.step_count == STEPS // 2
