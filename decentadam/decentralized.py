@@ -227,8 +227,8 @@ class DecentralizedAdam(Optimizer):
         if bucket.pending_size <= 1:
             return
         self._wait(bucket)
-        bucket.buffer.div_(bucket.pending_size)
-        torch._foreach_copy_(bucket.params, bucket.views)
+        for param, view in zip(bucket.params, bucket.views, strict=True):
+            torch.div(view, bucket.pending_size, out=param)  # one pass: scale while copying
         bucket.pending_size = 0
 
     def _wait(self, bucket: _Bucket) -> None:
