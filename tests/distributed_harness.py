@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import io
 import os
 import queue
 import socket
@@ -42,7 +43,11 @@ def _worker(
             timeout=datetime.timedelta(seconds=pg_timeout_s),
         )
         value = fn(rank, world_size, *args)
-        results.put((rank, "ok", value))
+        # By value: a tensor put on a torch.multiprocessing queue travels as a shared-memory file
+        # descriptor, which is lost when this process exits before the parent has received it.
+        payload = io.BytesIO()
+        torch.save(value, payload)
+        results.put((rank, "ok", payload.getvalue()))
     except BaseException:
         results.put((rank, "error", traceback.format_exc()))
     finally:
@@ -101,7 +106,7 @@ def run_distributed(
                 continue
             if status == "error":
                 raise AssertionError(f"rank {rank} failed:\n{value}")
-            collected[rank] = value
+            collected[rank] = torch.load(io.BytesIO(value), weights_only=False)
     finally:
         for process in processes:
             process.join(timeout=5)
