@@ -1,0 +1,505 @@
+r"""Predict the per-iteration time of All-Reduce and of each gossip topology on a given cluster.
+
+Use it before committing a cluster to a run::
+
+    python -m decentadam.runtime_model --params 350M --compute-ms 180 --nodes 8 --gpus-per-node 4 \
+        --inter-gbps 25
+
+prints the predicted iteration time of DDP-style All-Reduce and of DecentralizedAdam with each
+topology, each one's speed-up over All-Reduce, and which to use.
+
+Inputs (all measurable without running the training job itself)
+---------------------------------------------------------------
+``C``        compute time of one forward + backward on one rank (a fraction ``f`` of it is forward).
+``S``        parameter bytes (what one rank sends per full-model exchange).
+``N, L``     nodes, ranks per node (ranks ``j*L .. j*L+L-1`` share node ``j``).
+``B_inter``  bandwidth of one node's network link, per direction (full duplex), bytes/s.
+``B_intra``  bandwidth of one rank-to-rank connection inside a node, bytes/s.
+``a_inter, a_intra``  latency of one message on those links.
+``U_ar``     time of the optimizer step after All-Reduce (AdamW on the whole model), ``U_dec`` time of
+             DecentralizedAdam's step (mix + AccumAdamW + copy into the send buffer). Both are local,
+             memory-bandwidth-bound work; measure them once for the model on the target hardware.
+
+Communication: one group sum is a ring all-reduce (gloo and NCCL both use rings for large buffers)
+--------------------------------------------------------------------------------------------------
+A ring all-reduce of ``S`` bytes over ``g`` ranks is a reduce-scatter plus an all-gather: every
+rank sends ``2 (g-1)/g * S`` bytes to its successor in the ring, in ``2 (g-1)`` steps. The ring
+visits the group's ranks in rank order, so a group spanning ``m`` nodes crosses every node boundary
+once per direction: each node's uplink carries ``2 (g-1)/g * S`` for that group (All-Reduce over
+``n = N L`` ranks: ``2 (n-1)/n * S`` per node link, whatever ``L`` is; hierarchical NCCL trees do
+better only in latency). A ring is as fast as its slowest edge. The groups of one topology round run
+at the same time and share node links, so an inter-node edge ``a -> b`` drains at
+
+    t_edge = max(out_load(node a), in_load(node b)) / B_inter
+
+where ``out_load``/``in_load`` add the bytes of every ring edge of the round that leaves/enters that
+node (e.g. one-peer-exp pairing ranks 0<->2 and 1<->3 puts ``2 S`` on each node link); an intra-node
+edge takes ``bytes / B_intra``. The group's time is
+
+    T_group = max over its ring edges of t_edge  +  2 (g-1) * a_ring
+
+with ``a_ring`` the largest latency on the ring. Groups of one rank do not communicate.
+
+Per-iteration time: a max-plus recursion over ranks and steps
+------------------------------------------------------------
+DecentralizedAdam (``overlap="step"``): rank ``i`` ends step ``t-1`` at ``e_i(t-1)`` and starts the
+exchange of ``x_i(t)`` with its group ``G`` of step ``t``; the exchange starts when the last member
+has started and lasts ``T_G``; the rank computes meanwhile, then waits, mixes and updates::
+
+    e_i(t) = max(e_i(t-1) + C_i,  max_{j in G} e_j(t-1) + T_G) + U_dec
+
+All-Reduce (DDP): the gradient buckets (of ``bucket_mb``) become ready during backward, in reverse
+layer order; bucket ``k`` is reduced once every rank has produced it and the previous bucket is
+done; the optimizer step follows the last one, and everyone starts the next forward in step::
+
+    s(t) = max_i e_i(t-1);  ready_k = max_i (s + f C_i + (k+1)/K (1-f) C_i)
+    done_k = max(ready_k, done_{k-1}) + T_AR * size_k / S;  e_i(t) = max(s + C_i, done_K) + U_ar
+
+The predicted iteration time is the average slope of ``e`` over many periods of the topology, which
+takes care of AER's alternation (a node pair uses the slow link only every other step, and a node
+may catch up on its intra-node steps) and of stragglers (``C_i`` differs for one rank).
+With equal ranks and no update time it reduces to the familiar bounds
+
+    All-Reduce:  ~ f C + max((1-f) C, 2 (n-1)/n * S / B_inter)
+    gossip:      ~ max(C, T_G)  averaged over the rounds, i.e. communication fully hidden when T_G < C.
+
+``lower_bound`` is the same recursion with ``U = 0``: the time if the optimizer step were free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from decentadam.topology import Group, Round, Topology, build
+
+__all__ = [
+    "ALLREDUCE",
+    "METHODS",
+    "Cluster",
+    "Prediction",
+    "Workload",
+    "group_sum_times",
+    "main",
+    "parse_size",
+    "predict",
+    "predict_all",
+    "ring_edges",
+]
+
+logger = logging.getLogger(__name__)
+
+ALLREDUCE = "all-reduce"
+METHODS = (ALLREDUCE, "complete", "ring", "one-peer-exp", "aer")
+
+_SUFFIXES = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The machines: nodes of ranks joined by one network link per node."""
+
+    nodes: int
+    """N: number of nodes."""
+    ranks_per_node: int
+    """L: ranks (GPUs, processes) per node."""
+    inter_bytes_per_s: float
+    """B_inter: one node's link bandwidth, per direction (full duplex)."""
+    intra_bytes_per_s: float
+    """B_intra: bandwidth of one rank-to-rank connection inside a node."""
+    inter_latency_s: float = 0.0
+    """a_inter: latency of one message between nodes."""
+    intra_latency_s: float = 0.0
+    """a_intra: latency of one message inside a node."""
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "ranks_per_node"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("inter_bytes_per_s", "intra_bytes_per_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("inter_latency_s", "intra_latency_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.ranks_per_node
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one rank does per iteration."""
+
+    param_bytes: float
+    """S: bytes of trainable parameters (sent per full-model exchange)."""
+    compute_s: float
+    """C: forward + backward time of one rank."""
+    forward_fraction: float = 1.0 / 3.0
+    """f: share of C spent in forward (All-Reduce can only overlap backward)."""
+    update_s: float = 0.0
+    """U_dec: DecentralizedAdam's step (mix + AccumAdamW + copy to the send buffer)."""
+    allreduce_update_s: float = 0.0
+    """U_ar: the optimizer step after All-Reduce (torch AdamW)."""
+    bucket_bytes: float = 25 * 2**20
+    """Gradient bucket size of All-Reduce (DDP's bucket_cap_mb)."""
+    compute_scale: tuple[float, ...] = ()
+    """Per-rank multipliers of C (a straggler: (1, 2, 1, ...)); empty: all ranks equal."""
+
+    def __post_init__(self) -> None:
+        if not self.param_bytes > 0:
+            raise ValueError(f"param_bytes must be > 0, got {self.param_bytes}")
+        for name in ("compute_s", "update_s", "allreduce_update_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.forward_fraction <= 1:
+            raise ValueError(f"forward_fraction must be in [0, 1], got {self.forward_fraction}")
+        if not self.bucket_bytes > 0:
+            raise ValueError(f"bucket_bytes must be > 0, got {self.bucket_bytes}")
+        if any(not s > 0 for s in self.compute_scale):
+            raise ValueError(f"compute_scale entries must be > 0, got {self.compute_scale}")
+
+    def compute_of(self, rank: int) -> float:
+        scale = self.compute_scale[rank] if rank < len(self.compute_scale) else 1.0
+        return self.compute_s * scale
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted per-iteration times of one method (seconds)."""
+
+    method: str
+    iteration_s: float
+    """The recursion with the optimizer-step times: the prediction to compare with a measurement."""
+    lower_bound_s: float
+    """The recursion with free optimizer steps: max(C, communication) in the simple cases."""
+    comm_s: float
+    """Mean over steps of the slowest group's communication time (no compute, no waiting)."""
+    inter_bytes_per_rank: float
+    """Mean bytes per iteration that one rank sends across node links."""
+    sent_bytes_per_rank: float = field(default=0.0)
+    """Mean bytes per iteration that one rank sends (ring all-reduce traffic, intra + inter)."""
+
+
+def ring_edges(group: Group) -> list[tuple[int, int]]:
+    """The ring of a group sum: members in rank order, each sending to the next."""
+    if len(group) < 2:
+        return []
+    return [(group[i], group[(i + 1) % len(group)]) for i in range(len(group))]
+
+
+def group_sum_times(groups: Sequence[Group], cluster: Cluster, nbytes: float) -> dict[Group, float]:
+    """Seconds until each concurrent group of a round has summed ``nbytes`` (see the module doc).
+
+    Groups of one rank take 0. Inter-node ring edges of all groups share their nodes' links.
+    """
+    out_load = [0.0] * cluster.nodes
+    in_load = [0.0] * cluster.nodes
+    for group in groups:
+        per_edge = 2 * (len(group) - 1) / len(group) * nbytes
+        for a, b in ring_edges(group):
+            na, nb = cluster.node_of(a), cluster.node_of(b)
+            if na != nb:
+                out_load[na] += per_edge
+                in_load[nb] += per_edge
+    times: dict[Group, float] = {}
+    for group in groups:
+        if len(group) < 2:
+            times[group] = 0.0
+            continue
+        per_edge = 2 * (len(group) - 1) / len(group) * nbytes
+        slowest, latency = 0.0, 0.0
+        for a, b in ring_edges(group):
+            na, nb = cluster.node_of(a), cluster.node_of(b)
+            if na != nb:
+                slowest = max(slowest, max(out_load[na], in_load[nb]) / cluster.inter_bytes_per_s)
+                latency = max(latency, cluster.inter_latency_s)
+            else:
+                slowest = max(slowest, per_edge / cluster.intra_bytes_per_s)
+                latency = max(latency, cluster.intra_latency_s)
+        times[group] = slowest + 2 * (len(group) - 1) * latency
+    return times
+
+
+def _round_traffic(groups: Round, cluster: Cluster, nbytes: float) -> tuple[float, float]:
+    """(mean bytes sent per rank, mean inter-node bytes sent per rank) for one round."""
+    sent, inter = 0.0, 0.0
+    for group in groups:
+        per_edge = 2 * (len(group) - 1) / len(group) * nbytes if len(group) > 1 else 0.0
+        for a, b in ring_edges(group):
+            sent += per_edge
+            if cluster.node_of(a) != cluster.node_of(b):
+                inter += per_edge
+    return sent / cluster.world_size, inter / cluster.world_size
+
+
+def _slope(ends: list[list[float]]) -> float:
+    """Average per-step time over the second half of a recursion (rows: steps, columns: ranks)."""
+    first = len(ends) // 2
+    steps = len(ends) - 1 - first
+    return sum(b - a for a, b in zip(ends[first], ends[-1], strict=True)) / (len(ends[0]) * steps)
+
+
+def _simulate_gossip(
+    topology: Topology, cluster: Cluster, work: Workload, update_s: float, steps: int
+) -> float:
+    n = cluster.world_size
+    comm = [group_sum_times(topology.groups(t), cluster, work.param_bytes) for t in range(topology.period)]
+    ends = [[0.0] * n]
+    for t in range(steps):
+        previous = ends[-1]
+        current = [0.0] * n
+        for group, seconds in comm[t % topology.period].items():
+            arrived = max(previous[j] for j in group) + seconds if len(group) > 1 else 0.0
+            for i in group:
+                current[i] = max(previous[i] + work.compute_of(i), arrived) + update_s
+        ends.append(current)
+    return _slope(ends)
+
+
+def _simulate_allreduce(cluster: Cluster, work: Workload, update_s: float, steps: int) -> float:
+    n = cluster.world_size
+    total = group_sum_times([tuple(range(n))], cluster, work.param_bytes)[tuple(range(n))]
+    buckets = max(1, math.ceil(work.param_bytes / work.bucket_bytes))
+    sizes = [work.bucket_bytes] * (buckets - 1) + [work.param_bytes - work.bucket_bytes * (buckets - 1)]
+    f = work.forward_fraction
+    ends = [[0.0] * n]
+    for _ in range(steps):
+        start = max(ends[-1])
+        done = start
+        for k, size in enumerate(sizes):
+            ready = max(
+                start + f * work.compute_of(i) + (k + 1) / buckets * (1 - f) * work.compute_of(i)
+                for i in range(n)
+            )
+            done = max(ready, done) + total * size / work.param_bytes
+        ends.append([max(start + work.compute_of(i), done) + update_s for i in range(n)])
+    return _slope(ends)
+
+
+def predict(method: str, cluster: Cluster, work: Workload, periods: int = 32) -> Prediction:
+    """Predict one method: ``"all-reduce"`` or a topology name of :func:`decentadam.topology.build`."""
+    n = cluster.world_size
+    if work.compute_scale and len(work.compute_scale) != n:
+        raise ValueError(f"compute_scale has {len(work.compute_scale)} entries for {n} ranks")
+    if method == ALLREDUCE:
+        topology = build("complete", n, cluster.ranks_per_node)
+        steps = 2 * periods
+        iteration = _simulate_allreduce(cluster, work, work.allreduce_update_s, steps)
+        bound = _simulate_allreduce(cluster, work, 0.0, steps)
+    else:
+        topology = build(method, n, cluster.ranks_per_node)
+        steps = max(2, topology.period) * periods
+        iteration = _simulate_gossip(topology, cluster, work, work.update_s, steps)
+        bound = _simulate_gossip(topology, cluster, work, 0.0, steps)
+    comm, sent, inter = 0.0, 0.0, 0.0
+    for t in range(topology.period):
+        times = group_sum_times(topology.groups(t), cluster, work.param_bytes)
+        comm += max(times.values())
+        round_sent, round_inter = _round_traffic(topology.rounds[t], cluster, work.param_bytes)
+        sent += round_sent
+        inter += round_inter
+    period = topology.period
+    return Prediction(method, iteration, bound, comm / period, inter / period, sent / period)
+
+
+def predict_all(cluster: Cluster, work: Workload, methods: Sequence[str] = METHODS) -> list[Prediction]:
+    """Predictions for every method that can be built on this cluster (others are skipped with a log)."""
+    predictions = []
+    for method in methods:
+        try:
+            predictions.append(predict(method, cluster, work))
+        except ValueError as error:
+            logger.info("skipping %s: %s", method, error)
+    return predictions
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def parse_size(text: str, option: str = "value") -> float:
+    """``"350M"`` -> 3.5e8 (suffixes K, M, G, T are powers of 1000, case-insensitive)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmMgGtT]?)\s*", text)
+    if match is None:
+        raise ValueError(f"{option} {text}: expected a number with optional K/M/G suffix")
+    return float(match.group(1)) * _SUFFIXES[match.group(2).upper()]
+
+
+def _size_arg(option: str) -> Callable[[str], float]:
+    def convert(text: str) -> float:
+        try:
+            return parse_size(text, option)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return convert
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m decentadam.runtime_model",
+        description="Predict per-iteration time of All-Reduce vs DecentralizedAdam topologies.",
+    )
+    parser.add_argument(
+        "--params", type=_size_arg("--params"), required=True, help="parameter count, e.g. 350M"
+    )
+    parser.add_argument(
+        "--bytes-per-param", type=_positive, default=4.0, help="4 for fp32 (default), 2 for bf16"
+    )
+    parser.add_argument(
+        "--compute-ms", type=_non_negative, required=True, help="forward+backward time per rank"
+    )
+    parser.add_argument(
+        "--forward-fraction", type=float, default=1.0 / 3.0, help="share of compute in forward"
+    )
+    parser.add_argument("--nodes", type=_count, required=True)
+    parser.add_argument("--gpus-per-node", type=_count, default=1, help="ranks per node (default 1)")
+    parser.add_argument("--inter-gbps", type=_positive, required=True, help="node link, Gbit/s per direction")
+    parser.add_argument(
+        "--intra-gbps", type=_positive, default=800.0, help="rank-to-rank inside a node (NVLink ~800)"
+    )
+    parser.add_argument("--inter-latency-us", type=_non_negative, default=20.0)
+    parser.add_argument("--intra-latency-us", type=_non_negative, default=5.0)
+    parser.add_argument(
+        "--update-ms", type=_non_negative, default=0.0, help="DecentralizedAdam step time (measure it)"
+    )
+    parser.add_argument(
+        "--allreduce-update-ms",
+        type=_non_negative,
+        default=None,
+        help="AdamW step time (default: --update-ms)",
+    )
+    parser.add_argument("--bucket-mb", type=_positive, default=25.0, help="DDP bucket_cap_mb")
+    parser.add_argument(
+        "--straggler",
+        type=_positive,
+        default=1.0,
+        help="one rank's compute is this many times slower (default 1)",
+    )
+    return parser
+
+
+def _format_table(predictions: list[Prediction]) -> str:
+    base = next((p for p in predictions if p.method == ALLREDUCE), None)
+    header = (
+        "| method | iteration ms | lower bound ms | comm ms | inter-node MB/rank/iter "
+        "| speed-up vs all-reduce |"
+    )
+    lines = [header, "|---|---:|---:|---:|---:|---:|"]
+    for p in predictions:
+        speedup = f"{base.iteration_s / p.iteration_s:.2f}x" if base is not None else "-"
+        lines.append(
+            f"| {p.method} | {p.iteration_s * 1e3:.1f} | {p.lower_bound_s * 1e3:.1f} | {p.comm_s * 1e3:.1f} "
+            f"| {p.inter_bytes_per_rank / 1e6:.1f} | {speedup} |"
+        )
+    return "\n".join(lines)
+
+
+def recommend(predictions: list[Prediction], threshold: float = 1.10) -> str:
+    """One sentence: the fastest method, and whether decentralizing is worth it (>= ``threshold``x)."""
+    base = next(p for p in predictions if p.method == ALLREDUCE)
+    gossip = [p for p in predictions if p.method != ALLREDUCE]
+    if not gossip:
+        return "Use All-Reduce: no gossip topology can be built for this cluster."
+    best = min(gossip, key=lambda p: p.iteration_s)
+    speedup = base.iteration_s / best.iteration_s
+    if speedup >= threshold:
+        return (
+            f"Use DecentralizedAdam(topology={best.method!r}): predicted {speedup:.2f}x faster per iteration."
+        )
+    return (
+        f"Use All-Reduce: the best topology ({best.method}) is predicted only {speedup:.2f}x faster per "
+        "iteration, not worth the consensus error of decentralized training."
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cluster, work = _inputs(args)
+    except ValueError as error:
+        parser.error(str(error))
+    predictions = predict_all(cluster, work)
+    print(
+        f"{args.params:.3g} parameters ({work.param_bytes / 1e6:.0f} MB), compute {args.compute_ms:g} ms, "
+        f"{args.nodes} nodes x {args.gpus_per_node} ranks, inter-node {args.inter_gbps:g} Gbit/s, "
+        f"intra-node {args.intra_gbps:g} Gbit/s"
+        + (f", one rank {args.straggler:g}x slower" if args.straggler != 1.0 else "")
+    )
+    print(_format_table(predictions))
+    skipped = [m for m in METHODS if m not in {p.method for p in predictions}]
+    if skipped:
+        print(
+            f"not buildable on {cluster.world_size} ranks in nodes of {args.gpus_per_node}: "
+            + ", ".join(skipped)
+        )
+    print(recommend(predictions))
+    return 0
+
+
+def _inputs(args: argparse.Namespace) -> tuple[Cluster, Workload]:
+    cluster = Cluster(
+        nodes=args.nodes,
+        ranks_per_node=args.gpus_per_node,
+        inter_bytes_per_s=args.inter_gbps * 1e9 / 8,
+        intra_bytes_per_s=args.intra_gbps * 1e9 / 8,
+        inter_latency_s=args.inter_latency_us * 1e-6,
+        intra_latency_s=args.intra_latency_us * 1e-6,
+    )
+    n = cluster.world_size
+    scale = (args.straggler,) + (1.0,) * (n - 1) if args.straggler != 1.0 else ()
+    update = args.update_ms * 1e-3
+    work = Workload(
+        param_bytes=args.params * args.bytes_per_param,
+        compute_s=args.compute_ms * 1e-3,
+        forward_fraction=args.forward_fraction,
+        update_s=update,
+        allreduce_update_s=update if args.allreduce_update_ms is None else args.allreduce_update_ms * 1e-3,
+        bucket_bytes=args.bucket_mb * 2**20,
+        compute_scale=scale,
+    )
+    return cluster, work
+
+
+if __name__ == "__main__":
+    sys.exit(main())

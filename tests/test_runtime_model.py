@@ -1,0 +1,207 @@
+"""The runtime model's formulas against hand-computed cases, limits, monotonicity and its CLI."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from decentadam.runtime_model import (
+    ALLREDUCE,
+    METHODS,
+    Cluster,
+    Workload,
+    group_sum_times,
+    main,
+    parse_size,
+    predict,
+    predict_all,
+    ring_edges,
+)
+
+S = 100e6  # bytes
+GBIT = 1e9 / 8  # bytes/s
+
+
+def _cluster(nodes: int = 4, local: int = 2, inter: float = GBIT, intra: float = 1e12) -> Cluster:
+    return Cluster(nodes=nodes, ranks_per_node=local, inter_bytes_per_s=inter, intra_bytes_per_s=intra)
+
+
+def test_ring_edges_visit_members_in_order() -> None:
+    assert ring_edges((0,)) == []
+    assert ring_edges((1, 3)) == [(1, 3), (3, 1)]
+    assert ring_edges((0, 1, 2, 3)) == [(0, 1), (1, 2), (2, 3), (3, 0)]
+
+
+def test_all_reduce_puts_2_n_minus_1_over_n_on_each_node_link() -> None:
+    world = tuple(range(8))
+    seconds = group_sum_times([world], _cluster(), S)[world]
+    assert seconds == pytest.approx(2 * 7 / 8 * S / GBIT)  # 1.4 s at 1 Gbit/s
+
+
+def test_pair_across_nodes_sends_the_model_once_each_way() -> None:
+    times = group_sum_times([(0, 2), (1, 3), (4, 6), (5, 7)], _cluster(), S)
+    # two pairs leave node 0 at once (0->2 and 1->3): the link carries 2 S
+    assert times[(0, 2)] == pytest.approx(2 * S / GBIT)
+    times = group_sum_times([(0, 4), (1, 5), (2, 6), (3, 7)], _cluster(nodes=8, local=1), S)
+    assert times[(0, 4)] == pytest.approx(S / GBIT)  # one rank per node: S each way
+    # ring's odd round on 4 x 2: rank 1 -> 2 and rank 0 -> 7 both leave node 0
+    times = group_sum_times([(0, 7), (1, 2), (3, 4), (5, 6)], _cluster(), S)
+    assert times[(1, 2)] == pytest.approx(2 * S / GBIT)
+
+
+def test_aer_inter_node_group_is_a_ring_of_2L_ranks() -> None:
+    groups = [(0, 1, 2, 3), (4, 5), (6, 7)]
+    times = group_sum_times(groups, _cluster(intra=10 * GBIT), S)
+    assert times[(0, 1, 2, 3)] == pytest.approx(2 * 3 / 4 * S / GBIT)  # 1.5 S over the node link
+    assert times[(4, 5)] == pytest.approx(S / (10 * GBIT))  # intra-node pair
+    assert times[(0, 1, 2, 3)] > times[(4, 5)]
+
+
+def test_latency_adds_two_g_minus_one_messages() -> None:
+    cluster = Cluster(4, 2, inter_bytes_per_s=GBIT, intra_bytes_per_s=1e12, inter_latency_s=1e-3)
+    world = tuple(range(8))
+    assert group_sum_times([world], cluster, S)[world] == pytest.approx(1.4 + 14e-3)
+
+
+def test_compute_bound_limit_is_compute_plus_update() -> None:
+    fast = _cluster(inter=1e15, intra=1e15)
+    work = Workload(param_bytes=S, compute_s=0.1, update_s=0.02, allreduce_update_s=0.03)
+    for method in METHODS:
+        expected = 0.13 if method == ALLREDUCE else 0.12
+        assert predict(method, fast, work).iteration_s == pytest.approx(expected, rel=1e-6), method
+
+
+def test_communication_bound_limits() -> None:
+    work = Workload(param_bytes=S, compute_s=0.0)
+    cluster = _cluster()
+    assert predict("complete", cluster, work).iteration_s == pytest.approx(1.4)
+    assert predict(ALLREDUCE, cluster, work).iteration_s == pytest.approx(1.4)
+    # ring: intra-node pairs (free), then both ranks of a node pair across nodes (2 S / B): 0.8 s per step
+    assert predict("ring", cluster, work).iteration_s == pytest.approx(0.8, rel=1e-3)
+
+
+def test_all_reduce_overlaps_backward_only() -> None:
+    # 1 bucket: the reduction starts at the end of backward, nothing overlaps
+    work = Workload(param_bytes=S, compute_s=0.3, bucket_bytes=2 * S)
+    assert predict(ALLREDUCE, _cluster(), work).iteration_s == pytest.approx(0.3 + 1.4)
+    # many small buckets: f C + max((1 - f) C, comm) up to the first bucket
+    work = Workload(param_bytes=S, compute_s=3.0, bucket_bytes=S / 1000)
+    assert predict(ALLREDUCE, _cluster(), work).iteration_s == pytest.approx(3.0, rel=1e-2)
+
+
+def test_aer_alternation_hides_half_of_the_slow_link() -> None:
+    work = Workload(param_bytes=S, compute_s=0.1)
+    aer = predict("aer", _cluster(), work)
+    # every node crosses the link in 2 of 4 steps (1.5 S / B each) and computes on the others
+    assert aer.lower_bound_s == pytest.approx((1.2 + 0.1) / 2, rel=1e-3)
+    assert aer.inter_bytes_per_rank == pytest.approx(1.5 * S / 4)
+    assert aer.iteration_s < 0.5 * predict(ALLREDUCE, _cluster(), work).iteration_s
+
+
+def test_persistent_straggler_sets_the_pace_of_every_connected_schedule() -> None:
+    fast = _cluster(inter=1e15, intra=1e15)
+    work = Workload(param_bytes=S, compute_s=0.1, compute_scale=(2.0,) + (1.0,) * 7)
+    for method in METHODS:
+        assert predict(method, fast, work).iteration_s == pytest.approx(0.2, rel=1e-3), method
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_monotone_in_bandwidth_size_and_compute(method: str) -> None:
+    base = Workload(param_bytes=S, compute_s=0.1, update_s=0.01, allreduce_update_s=0.01)
+    times = [predict(method, _cluster(inter=b * GBIT), base).iteration_s for b in (0.5, 1, 2, 10, 100)]
+    assert times == sorted(times, reverse=True)
+    sizes = [
+        predict(method, _cluster(), Workload(param_bytes=s, compute_s=0.1)).iteration_s
+        for s in (1e6, 1e7, 1e8, 1e9)
+    ]
+    assert sizes == sorted(sizes)
+    computes = [
+        predict(method, _cluster(), Workload(param_bytes=S, compute_s=c)).iteration_s for c in (0, 0.5, 2, 5)
+    ]
+    assert computes == sorted(computes)
+    prediction = predict(method, _cluster(), base)
+    assert prediction.lower_bound_s <= prediction.iteration_s
+
+
+def test_single_rank_and_unbuildable_topologies() -> None:
+    one = predict_all(_cluster(nodes=1, local=1), Workload(param_bytes=S, compute_s=0.1))
+    assert {p.method for p in one} == set(METHODS)
+    assert all(p.iteration_s == pytest.approx(0.1) for p in one)
+    odd = predict_all(_cluster(nodes=3, local=1), Workload(param_bytes=S, compute_s=0.1))
+    assert {p.method for p in odd} == {ALLREDUCE, "complete"}  # ring needs even n, exp/aer powers of two
+
+
+def test_inputs_are_validated() -> None:
+    with pytest.raises(ValueError, match="nodes must be >= 1"):
+        Cluster(0, 1, GBIT, GBIT)
+    with pytest.raises(ValueError, match="inter_bytes_per_s must be > 0"):
+        Cluster(1, 1, 0.0, GBIT)
+    with pytest.raises(ValueError, match="forward_fraction"):
+        Workload(param_bytes=S, compute_s=0.1, forward_fraction=1.5)
+    with pytest.raises(ValueError, match="compute_scale has 2 entries for 8 ranks"):
+        predict("aer", _cluster(), Workload(param_bytes=S, compute_s=0.1, compute_scale=(1.0, 2.0)))
+
+
+@pytest.mark.parametrize(("text", "value"), [("350M", 3.5e8), ("1.5g", 1.5e9), ("12k", 12e3), ("42", 42.0)])
+def test_parse_size(text: str, value: float) -> None:
+    assert parse_size(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["35OM", "", "M", "1.2.3", "-5M", "10X"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="expected a number with optional K/M/G suffix"):
+        parse_size(text, "--params")
+
+
+def test_cli_prints_table_and_recommendation(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "--params",
+        "350M",
+        "--compute-ms",
+        "180",
+        "--nodes",
+        "8",
+        "--gpus-per-node",
+        "4",
+        "--inter-gbps",
+        "25",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for method in METHODS:
+        assert f"| {method} |" in out
+    assert "speed-up vs all-reduce" in out
+    assert "Use DecentralizedAdam(topology='aer')" in out
+
+
+def test_cli_says_all_reduce_when_compute_dominates(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--params", "10M", "--compute-ms", "1000", "--nodes", "2", "--inter-gbps", "100"]
+    assert main(argv) == 0
+    assert "Use All-Reduce" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            "--params 35OM --compute-ms 1 --nodes 2 --inter-gbps 1",
+            "--params 35OM: expected a number with optional K/M/G",
+        ),
+        ("--params 1M --compute-ms 1 --nodes 0 --inter-gbps 1", "expected a whole number >= 1"),
+        ("--params 1M --compute-ms 1 --nodes 2 --inter-gbps -3", "expected a number > 0"),
+        ("--params 1M --compute-ms x --nodes 2 --inter-gbps 1", "expected a number, got 'x'"),
+        ("--params 1M --compute-ms 1 --nodes 2 --inter-gbps 1 --forward-fraction 2", "forward_fraction"),
+    ],
+)
+def test_cli_bad_input(argv: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv.split())
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_prediction_is_finite_for_large_clusters() -> None:
+    cluster = Cluster(nodes=16, ranks_per_node=8, inter_bytes_per_s=25 * GBIT, intra_bytes_per_s=800 * GBIT)
+    for p in predict_all(cluster, Workload(param_bytes=1.4e9, compute_s=0.18)):
+        assert math.isfinite(p.iteration_s) and p.iteration_s >= 0.18
