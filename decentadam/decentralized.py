@@ -323,19 +323,32 @@ class DecentralizedAdam(Optimizer):
                 bucket.pending_size = 0  # everyone holds the same x: mixing is the identity
         return _AveragedParameters(self, saved if restore else None)
 
+    def consensus_distance(self, relative: bool = False) -> float:
+        """mean_i ||x_i - x_bar||^2 over all ranks and parameters (a collective; float64 sums).
+
+        With ``relative=True`` it is divided by ``||x_bar||^2``: the health metric of decentralized
+        training, which should stay well below 1.
+        """
+        distance, mean_norm = self.consensus_stats()
+        if not relative:
+            return distance
+        return distance / mean_norm if mean_norm > 0 else 0.0
+
     @torch.no_grad()
-    def consensus_distance(self) -> float:
-        """mean_i ||x_i - x_bar||^2 over all ranks and parameters (a collective; float64 sums)."""
+    def consensus_stats(self) -> tuple[float, float]:
+        """(mean_i ||x_i - x_bar||^2, ||x_bar||^2) in one pass: one all-reduce of the parameters."""
         self._finish_exchanges()
         total = torch.zeros((), dtype=torch.float64, device=self._device())
+        mean_norm = torch.zeros((), dtype=torch.float64, device=self._device())
         for bucket in self._buckets:
             local = torch.cat([p.reshape(-1) for p in bucket.params]).double()
             mean = local.clone()
             self.communicator.world_sum(mean)
             mean.div_(self.world_size)
             total += (local - mean).square().sum()
+            mean_norm += mean.square().sum()
         self.communicator.world_sum(total)
-        return float(total.item()) / self.world_size
+        return float(total.item()) / self.world_size, float(mean_norm.item())
 
     def _finish_exchanges(self) -> None:
         """Wait for exchanges in flight (their results stay pending for the next step)."""
@@ -383,7 +396,9 @@ class DecentralizedAdam(Optimizer):
         self._finish_exchanges()
         for bucket in self._buckets:
             bucket.pending_size = 0
-        self._sync_before_next_step = self.world_size > 1
+        # Step 0 does not mix (construction made every rank equal), so a state saved before the first
+        # step (or reloaded in place, as Accelerate's device placement does) needs no exchange.
+        self._sync_before_next_step = self.world_size > 1 and self._step > 0
         # Backward mode: hooks would step the buckets before step() can exchange x(t); run the next
         # iteration from step() (it also recounts the hooks).
         self._hooks_calibrated = False

@@ -1,0 +1,312 @@
+"""Checkpoints of decentralized training: the consensus model for users, per-rank state for resuming.
+
+A checkpoint is a directory::
+
+    path/
+      model.safetensors            consensus average of every rank's weights (parameters and float
+      (config.json, ...)           buffers); Hugging Face models are written with save_pretrained,
+                                   so ``AutoModel.from_pretrained(path)`` loads it
+      decentadam/meta.json         world size, topology, optimizer step, user ``extra``; written last
+      decentadam/rank-00003.pt     rank 3's own weights, optimizer state (Adam moments, step
+                                   counter), scheduler and RNG states: everything an exact resume needs
+
+Every rank calls :func:`save_checkpoint` and :func:`load_checkpoint` at the same point (they are
+collectives); ``path`` must be on a filesystem that every rank sees. Writes are atomic: everything
+goes to a hidden sibling directory, which replaces ``path`` by rename only once complete, so a run
+killed while saving leaves the previous checkpoint intact (the next save or load tidies up).
+
+Resuming with the same world size restores each rank exactly: the continued run computes
+bitwise the same losses as an uninterrupted one (given the same data order, which the caller
+restores from ``extra``, e.g. the epoch and batch index). With another world size every rank starts
+from the consensus weights with fresh optimizer moments, and a warning says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import decentadam
+from decentadam.consensus import averaged, unwrap_optimizer
+from decentadam.decentralized import DecentralizedAdam
+
+__all__ = ["load_checkpoint", "save_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+WEIGHTS_NAME = "model.safetensors"
+STATE_DIR = "decentadam"
+META_NAME = "meta.json"
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    model: nn.Module,
+    optimizer: Any,
+    *,
+    scheduler: Any | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write a checkpoint of ``model`` at ``path`` atomically (call on every rank).
+
+    Args:
+        path: the checkpoint directory; an existing checkpoint there is replaced only once the new
+            one is complete.
+        model: this rank's model (unwrapped from DDP / torch.compile wrappers if needed).
+        optimizer: the :class:`DecentralizedAdam` training ``model`` (or Accelerate's wrapper).
+        scheduler: an LR scheduler whose ``state_dict`` is saved with each rank's state.
+        extra: JSON-serialisable values to resume the loop (epoch, batch index, ...), from rank 0.
+
+    Returns the checkpoint directory.
+    """
+    final = Path(path)
+    opt = unwrap_optimizer(optimizer)
+    module = _unwrap_model(model)
+    try:
+        extra_json = json.dumps(extra or {})
+    except TypeError as error:
+        raise TypeError(f"save_checkpoint: extra must be JSON-serialisable ({error})") from None
+    staging = _sibling(final, "incomplete")
+    if opt.rank == 0:
+        _recover(final)
+        if staging.exists():
+            shutil.rmtree(staging)  # left by a run killed while saving
+        (staging / STATE_DIR).mkdir(parents=True)
+    _barrier(opt)
+
+    with averaged(module, opt):
+        if opt.rank == 0:
+            _write_weights(module, staging)
+
+    state = {
+        "model": module.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "rng": _capture_rng(),
+    }
+    _atomic_torch_save(state, staging / STATE_DIR / _rank_file(opt.rank))
+    _barrier(opt)
+
+    if opt.rank == 0:
+        missing = [r for r in range(opt.world_size) if not (staging / STATE_DIR / _rank_file(r)).exists()]
+        if missing:
+            raise RuntimeError(
+                f"save_checkpoint: the state files of ranks {missing} are not in {staging}. Every rank must "
+                "write to the same directory: put the checkpoint on a filesystem shared by all nodes."
+            )
+        meta = {
+            "format": FORMAT_VERSION,
+            "decentadam": decentadam.__version__,
+            "world_size": opt.world_size,
+            "topology": opt.topology.name,
+            "local_world_size": opt.topology.local_world_size,
+            "step": opt.step_count,
+            "extra": json.loads(extra_json),
+        }
+        _atomic_write_text(staging / STATE_DIR / META_NAME, json.dumps(meta, indent=2) + "\n")
+        _replace_directory(staging, final)
+    _barrier(opt)
+    logger.info("saved checkpoint %s (step %d, %d ranks)", final, opt.step_count, opt.world_size)
+    return final
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    model: nn.Module,
+    optimizer: Any | None = None,
+    *,
+    scheduler: Any | None = None,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
+    """Restore a checkpoint written by :func:`save_checkpoint`; return its ``extra`` dict.
+
+    Call on every rank *after* building the optimizer (its construction broadcasts rank 0's weights,
+    which this then replaces with each rank's own). With the world size of the save, each rank gets
+    back its own weights, optimizer, scheduler and RNG states. With another world size, or without
+    an optimizer, every rank loads the consensus weights; the optimizer keeps fresh moments (a
+    warning says so) and the scheduler continues from rank 0's state.
+    """
+    final = Path(path)
+    _recover(final)
+    meta_path = final / STATE_DIR / META_NAME
+    if not meta_path.is_file():
+        raise FileNotFoundError(
+            f"{final} is not a complete decentadam checkpoint ({meta_path} is missing). Pass the directory "
+            "that save_checkpoint wrote."
+        )
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{final}: checkpoint format {meta.get('format')} is not supported (expected 1)")
+    module = _unwrap_model(model)
+    opt = unwrap_optimizer(optimizer) if optimizer is not None else None
+
+    if opt is not None and meta["world_size"] == opt.world_size:
+        state = _torch_load(final / STATE_DIR / _rank_file(opt.rank))
+        module.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        if scheduler is not None and state["scheduler"] is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        if restore_rng:
+            _restore_rng(state["rng"])
+        return dict(meta["extra"])
+
+    _read_weights(module, final)
+    if opt is not None:
+        message = (
+            f"checkpoint {final} was saved by {meta['world_size']} ranks and is loaded by {opt.world_size}: "
+            "every rank starts from the consensus (averaged) weights with fresh optimizer moments; per-rank "
+            "state and RNG streams are not restored."
+        )
+        warnings.warn(message, UserWarning, stacklevel=2)
+        logger.warning(message)
+        if scheduler is not None:
+            rank0 = _torch_load(final / STATE_DIR / _rank_file(0))
+            if rank0["scheduler"] is not None:
+                scheduler.load_state_dict(rank0["scheduler"])
+    return dict(meta["extra"])
+
+
+# ---------------------------------------------------------------------------- files
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def _sibling(final: Path, tag: str) -> Path:
+    return final.parent / f".{final.name}.{tag}"
+
+
+def _write_weights(module: nn.Module, directory: Path) -> None:
+    """The consensus weights as safetensors (save_pretrained for Hugging Face models)."""
+    save_pretrained = getattr(module, "save_pretrained", None)
+    if callable(save_pretrained):
+        save_pretrained(str(directory))
+        return
+    try:
+        from safetensors.torch import save_model
+    except ImportError:
+        raise ImportError("checkpoints need safetensors: pip install safetensors") from None
+    save_model(module, str(directory / WEIGHTS_NAME))
+
+
+def _read_weights(module: nn.Module, directory: Path) -> None:
+    try:
+        from safetensors.torch import load_model
+    except ImportError:
+        raise ImportError("checkpoints need safetensors: pip install safetensors") from None
+    weights = directory / WEIGHTS_NAME
+    if not weights.is_file():
+        raise FileNotFoundError(f"{weights} is missing: the checkpoint has no consensus weights")
+    load_model(module, str(weights))
+
+
+def _atomic_torch_save(obj: object, target: Path) -> None:
+    temporary = target.with_name(target.name + ".tmp")
+    with open(temporary, "wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, target)
+
+
+def _atomic_write_text(target: Path, text: str) -> None:
+    temporary = target.with_name(target.name + ".tmp")
+    with open(temporary, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, target)
+
+
+def _torch_load(file: Path) -> dict[str, Any]:
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} is missing: the checkpoint is incomplete")
+    # Our own file; it holds Python and NumPy RNG states, which weights_only loading rejects.
+    state: dict[str, Any] = torch.load(file, map_location="cpu", weights_only=False)
+    return state
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_directory(staging: Path, final: Path) -> None:
+    """Move the complete ``staging`` to ``final``; the old ``final`` survives until then."""
+    for file in staging.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as handle:
+                os.fsync(handle.fileno())
+    previous = _sibling(final, "previous")
+    if previous.exists():
+        shutil.rmtree(previous)
+    if final.exists():
+        os.rename(final, previous)  # killed here: _recover() puts it back
+    os.rename(staging, final)
+    _fsync_directory(final.parent)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def _recover(final: Path) -> None:
+    """Undo a save killed between its two renames: bring the previous checkpoint back."""
+    previous = _sibling(final, "previous")
+    if not final.exists() and (previous / STATE_DIR / META_NAME).is_file():
+        os.rename(previous, final)
+        logger.warning("restored %s from %s (a save was interrupted)", final, previous)
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's module under DDP (``.module``) or torch.compile (``._orig_mod``) wrappers."""
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif isinstance(inner := getattr(model, "_orig_mod", None), nn.Module):
+            model = inner
+        else:
+            return model
+
+
+def _barrier(opt: DecentralizedAdam) -> None:
+    if opt.world_size > 1:
+        opt.communicator.world_sum(torch.zeros(1, device=opt._device()))
+
+
+def _capture_rng() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy
+
+        state["numpy"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy
+
+        numpy.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

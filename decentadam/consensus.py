@@ -1,0 +1,151 @@
+"""The consensus model (exact average over ranks) and the health metrics of decentralized training.
+
+Every function here is a collective: call it on every rank at the same point of training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from decentadam.decentralized import DecentralizedAdam
+
+__all__ = ["MetricsHook", "averaged", "metrics", "register_metrics_hook", "unwrap_optimizer"]
+
+logger = logging.getLogger(__name__)
+
+
+def unwrap_optimizer(optimizer: Any) -> DecentralizedAdam:
+    """The :class:`DecentralizedAdam` inside ``optimizer`` (as Accelerate's ``AcceleratedOptimizer``)."""
+    inner = optimizer
+    for _ in range(4):  # AcceleratedOptimizer -> (DeepSpeed-style wrappers) -> the optimizer
+        if isinstance(inner, DecentralizedAdam):
+            return inner
+        inner = getattr(inner, "optimizer", None)
+    raise TypeError(
+        f"expected a decentadam.DecentralizedAdam (or an Accelerate wrapper of one), got "
+        f"{type(optimizer).__name__}"
+    )
+
+
+@contextlib.contextmanager
+def averaged(model: nn.Module, optimizer: Any, *, restore: bool = True) -> Iterator[nn.Module]:
+    """Inside the block, ``model`` holds the exact average over ranks: parameters and float buffers.
+
+    ``with averaged(model, optimizer): evaluate(model)`` evaluates (or saves) the consensus model;
+    on exit each rank gets its own parameters and buffers (BatchNorm running statistics) back, so
+    training continues as if nothing happened. With ``restore=False`` every rank keeps the average.
+    """
+    opt = unwrap_optimizer(optimizer)
+    params = opt.average_parameters(restore=restore)
+    saved = _average_buffers(model, opt, keep_local=restore)
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for buffer, local in saved:
+                buffer.copy_(local)
+        params.restore()
+
+
+def _average_buffers(
+    model: nn.Module, opt: DecentralizedAdam, keep_local: bool
+) -> list[tuple[Tensor, Tensor]]:
+    """Average floating-point buffers over ranks in place; return (buffer, local copy) pairs.
+
+    Integer buffers (``num_batches_tracked``) advance in lockstep on every rank and are left alone.
+    """
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    saved: list[tuple[Tensor, Tensor]] = []
+    if opt.world_size == 1 or not buffers:
+        return saved
+    with torch.no_grad():
+        by_kind: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+        for b in buffers:
+            by_kind.setdefault((b.device, b.dtype), []).append(b)
+        for members in by_kind.values():
+            flat = torch.cat([b.reshape(-1) for b in members])  # (sum of numel,)
+            if keep_local:
+                saved.extend((b, b.detach().clone()) for b in members)
+            opt.communicator.world_sum(flat)
+            flat.div_(opt.world_size)
+            offset = 0
+            for b in members:
+                b.copy_(flat[offset : offset + b.numel()].view_as(b))
+                offset += b.numel()
+    return saved
+
+
+def metrics(optimizer: Any, since: tuple[float, int, int] | None = None) -> dict[str, float]:
+    """Health metrics of decentralized training, averaged over ranks (two small collectives).
+
+    Returns ``decentadam/consensus_distance`` (mean_i ||x_i - x_bar||^2),
+    ``decentadam/consensus_distance_rel`` (divided by ||x_bar||^2), and, per optimizer step since
+    ``since`` (a previous :func:`_counters` snapshot; default: since construction),
+    ``decentadam/comm_wait_ms`` (time blocked waiting for exchanges, mean over ranks: the
+    communication that compute did not hide) and ``decentadam/comm_mb`` (megabytes sent per rank).
+    """
+    opt = unwrap_optimizer(optimizer)
+    wait0, bytes0, step0 = since if since is not None else (0.0, 0, 0)
+    steps = max(opt.step_count - step0, 1)
+    distance, mean_norm = opt.consensus_stats()
+    relative = distance / mean_norm if mean_norm > 0 else 0.0
+    counters = torch.tensor(
+        [opt.stats.wait_seconds - wait0, float(opt.stats.bytes_sent - bytes0)], dtype=torch.float64
+    )
+    if opt.world_size > 1:
+        counters = counters.to(opt._device())
+        opt.communicator.world_sum(counters)
+        counters = counters.cpu() / opt.world_size
+    return {
+        "decentadam/consensus_distance": distance,
+        "decentadam/consensus_distance_rel": relative,
+        "decentadam/comm_wait_ms": 1e3 * float(counters[0]) / steps,
+        "decentadam/comm_mb": float(counters[1]) / steps / 2**20,
+    }
+
+
+def _counters(opt: DecentralizedAdam) -> tuple[float, int, int]:
+    return (opt.stats.wait_seconds, opt.stats.bytes_sent, opt.step_count)
+
+
+class MetricsHook:
+    """Calls ``log_fn(metrics, step)`` every ``every`` optimizer steps (see :func:`register_metrics_hook`)."""
+
+    def __init__(self, optimizer: Any, every: int, log_fn: Callable[[dict[str, float], int], object]) -> None:
+        if every < 1:
+            raise ValueError(f"every must be >= 1 optimizer steps, got {every}")
+        self.optimizer = unwrap_optimizer(optimizer)
+        self.every = every
+        self.log_fn = log_fn
+        self._since = _counters(self.optimizer)
+        self.handle: RemovableHandle = self.optimizer.register_step_post_hook(self._after_step)
+
+    def _after_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        step = self.optimizer.step_count
+        if step % self.every:
+            return
+        values = metrics(self.optimizer, since=self._since)
+        self._since = _counters(self.optimizer)
+        self.log_fn(values, step)
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+def register_metrics_hook(
+    optimizer: Any, every: int, log_fn: Callable[[dict[str, float], int], object]
+) -> MetricsHook:
+    """Log :func:`metrics` every ``every`` optimizer steps through ``log_fn(values, step)``.
+
+    The metrics are collectives, run on every rank from an optimizer step post-hook; nothing is
+    exchanged in between, so the cost is two small all-reduces every ``every`` steps. With
+    Accelerate pass ``accelerator.log`` (it writes only on the main process). ``.remove()`` detaches.
+    """
+    return MetricsHook(optimizer, every, log_fn)

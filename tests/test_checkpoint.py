@@ -1,0 +1,257 @@
+"""Checkpoints: consensus weights, exact per-rank resume, world-size change, atomic replacement."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from decentadam import DecentralizedAdam
+from decentadam.checkpoint import load_checkpoint, save_checkpoint
+from decentadam.consensus import averaged, metrics, register_metrics_hook
+from tests.distributed_harness import run_distributed
+
+SAVE_AT = 4
+TOTAL = 8
+
+
+def make_model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+
+
+def make_training(model: nn.Module) -> tuple[DecentralizedAdam, torch.optim.lr_scheduler.LambdaLR]:
+    optimizer = DecentralizedAdam(
+        model.parameters(), lr=1e-2, weight_decay=0.01, accum_steps=2, topology="aer", local_world_size=2
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / 3))
+    return optimizer, scheduler
+
+
+def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(8, 6, generator=generator), torch.randint(0, 3, (8,), generator=generator)
+
+
+def train_step(model: nn.Module, optimizer: DecentralizedAdam, scheduler: Any, rank: int, step: int) -> float:
+    inputs, labels = batch(rank, step)
+    optimizer.zero_grad()
+    loss = nn.functional.cross_entropy(model(inputs), labels)
+    loss.backward()  # type: ignore[no-untyped-call]
+    optimizer.step()
+    scheduler.step()
+    return float(loss.item())
+
+
+def uninterrupted_worker(rank: int, world_size: int, directory: str) -> dict[str, Any]:
+    model = make_model(seed=rank)
+    optimizer, scheduler = make_training(model)
+    torch.manual_seed(77 + rank)  # dropout streams differ per rank; the checkpoint must carry them
+    losses = []
+    for step in range(TOTAL):
+        if step == SAVE_AT:
+            with averaged(model, optimizer):
+                consensus = {k: v.clone() for k, v in model.state_dict().items()}
+            local = {k: v.clone() for k, v in model.state_dict().items()}
+            save_checkpoint(directory, model, optimizer, scheduler=scheduler, extra={"step": step})
+            unchanged = all(torch.equal(local[k], v) for k, v in model.state_dict().items())
+        losses.append(train_step(model, optimizer, scheduler, rank, step))
+    return {"losses": losses, "consensus": consensus, "unchanged_by_save": unchanged}
+
+
+def resumed_worker(rank: int, world_size: int, directory: str) -> dict[str, Any]:
+    model = make_model(seed=50 + rank)  # other initial weights: loading must replace them
+    optimizer, scheduler = make_training(model)
+    torch.manual_seed(12345)  # another RNG state: loading must replace it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        extra = load_checkpoint(directory, model, optimizer, scheduler=scheduler)
+    first = {k: v.clone() for k, v in model.state_dict().items()}
+    losses = [train_step(model, optimizer, scheduler, rank, step) for step in range(extra["step"], TOTAL)]
+    return {
+        "extra": extra,
+        "losses": losses,
+        "first": first,
+        "step_count": optimizer.step_count,
+        "warnings": [str(w.message) for w in caught],
+        "lr": scheduler.get_last_lr(),
+    }
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    directory = tmp_path_factory.mktemp("ckpt") / "run"
+    return directory, run_distributed(uninterrupted_worker, 4, str(directory))
+
+
+def test_checkpoint_layout_and_consensus_weights(saved_run: tuple[Path, list[dict[str, Any]]]) -> None:
+    directory, results = saved_run
+    names = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+    assert names == [
+        "decentadam/meta.json",
+        *[f"decentadam/rank-{r:05d}.pt" for r in range(4)],
+        "model.safetensors",
+    ]
+    assert not list(directory.parent.glob(".run.*")), "no staging or previous directory left behind"
+    from safetensors.torch import load_file
+
+    weights = load_file(str(directory / "model.safetensors"))
+    for key, value in results[0]["consensus"].items():
+        if value.is_floating_point():
+            torch.testing.assert_close(weights[key], value, rtol=0, atol=0)
+    assert all(r["unchanged_by_save"] for r in results), "saving must give every rank its weights back"
+
+
+def test_resume_with_same_world_size_is_bitwise_identical(
+    saved_run: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    directory, uninterrupted = saved_run
+    resumed = run_distributed(resumed_worker, 4, str(directory))
+    for rank in range(4):
+        assert resumed[rank]["extra"] == {"step": SAVE_AT}
+        assert resumed[rank]["warnings"] == []
+        assert resumed[rank]["step_count"] == TOTAL
+        assert resumed[rank]["losses"] == uninterrupted[rank]["losses"][SAVE_AT:], f"rank {rank}"
+
+
+def test_resume_with_another_world_size_starts_from_the_average(
+    saved_run: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    directory, uninterrupted = saved_run
+    resumed = run_distributed(resumed_worker, 2, str(directory))
+    consensus = uninterrupted[0]["consensus"]
+    for rank in range(2):
+        assert any("saved by 4 ranks and is loaded by 2" in w for w in resumed[rank]["warnings"])
+        for key, value in consensus.items():
+            if value.is_floating_point():
+                torch.testing.assert_close(resumed[rank]["first"][key], value, rtol=0, atol=0)
+        # the scheduler continues where it was (LambdaLR at its 4th step), the optimizer restarts
+        assert resumed[rank]["lr"] == pytest.approx([1e-2])
+        assert resumed[rank]["step_count"] == TOTAL - SAVE_AT
+
+
+def test_load_rejects_a_directory_that_is_not_a_checkpoint(tmp_path: Path) -> None:
+    model = make_model(0)
+    optimizer = DecentralizedAdam(model.parameters())
+    with pytest.raises(FileNotFoundError, match="not a complete decentadam checkpoint"):
+        load_checkpoint(tmp_path, model, optimizer)
+
+
+def test_extra_must_be_json(tmp_path: Path) -> None:
+    model = make_model(0)
+    optimizer = DecentralizedAdam(model.parameters())
+    with pytest.raises(TypeError, match="JSON-serialisable"):
+        save_checkpoint(tmp_path / "c", model, optimizer, extra={"bad": object()})
+
+
+# A process that saves a first checkpoint, takes a step, then dies (SIGKILL) half-way through
+# writing the second one: `where` picks the moment.
+KILLED_SAVER = textwrap.dedent(
+    """
+    import os, signal, sys, torch
+    from decentadam import DecentralizedAdam
+    from decentadam import checkpoint
+    directory, where = sys.argv[1], sys.argv[2]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    optimizer = DecentralizedAdam(model.parameters(), lr=0.1)
+    checkpoint.save_checkpoint(directory, model, optimizer, extra={"n": 1})
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    def die(*args, **kwargs):
+        if where == "state":  # a half-written rank file
+            with open(args[1], "wb") as handle:
+                handle.write(b"partial")
+        os.kill(os.getpid(), signal.SIGKILL)
+    if where == "state":
+        checkpoint._atomic_torch_save = die
+    else:  # between moving the old checkpoint aside and moving the new one in place
+        real_rename = os.rename
+        def rename(src, dst):
+            real_rename(src, dst)
+            if str(dst).endswith(".previous"):
+                die()
+        checkpoint.os.rename = rename
+    checkpoint.save_checkpoint(directory, model, optimizer, extra={"n": 2})
+    """
+)
+
+
+@pytest.mark.parametrize("where", ["state", "rename"])
+def test_a_run_killed_while_saving_leaves_the_previous_checkpoint(tmp_path: Path, where: str) -> None:
+    directory = tmp_path / "ckpt"
+    process = subprocess.run(
+        [sys.executable, "-c", KILLED_SAVER, str(directory), where],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "WORLD_SIZE": "1"},
+    )
+    assert process.returncode == -signal.SIGKILL, process.stderr
+    torch.manual_seed(0)
+    reference = nn.Linear(4, 4)  # the weights at the first save
+    model = nn.Linear(4, 4)
+    nn.init.zeros_(model.weight)
+    optimizer = DecentralizedAdam(model.parameters(), lr=0.1)
+    assert load_checkpoint(directory, model, optimizer) == {"n": 1}
+    torch.testing.assert_close(model.weight, reference.weight, rtol=0, atol=0)
+    # the next save clears what the killed one left behind
+    save_checkpoint(directory, model, optimizer, extra={"n": 3})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert load_checkpoint(directory, model, optimizer) == {"n": 3}
+
+
+def averaged_worker(rank: int, world_size: int) -> dict[str, Any]:
+    model = make_model(seed=0)
+    optimizer = DecentralizedAdam(model.parameters(), lr=0.1, topology="ring")
+    with torch.no_grad():  # make ranks differ in parameters and BatchNorm statistics
+        for p in model.parameters():
+            p.add_(rank)
+        model[1].running_mean.fill_(float(rank))  # type: ignore[union-attr]
+    local = {k: v.clone() for k, v in model.state_dict().items()}
+    with averaged(model, optimizer):
+        inside = {k: v.clone() for k, v in model.state_dict().items()}
+    after = {k: v.clone() for k, v in model.state_dict().items()}
+    logged: list[tuple[dict[str, float], int]] = []
+    hook = register_metrics_hook(optimizer, every=3, log_fn=lambda values, t: logged.append((values, t)))
+    for step in range(7):
+        inputs, labels = batch(rank, step)
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(inputs), labels).backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+    hook.remove()
+    return {"local": local, "inside": inside, "after": after, "logged": logged, "now": metrics(optimizer)}
+
+
+def test_averaged_model_includes_buffers_and_restores_them() -> None:
+    results = run_distributed(averaged_worker, 4)
+    mean_offset = sum(range(4)) / 4
+    for result in results:
+        assert all(torch.equal(result["local"][k], result["after"][k]) for k in result["local"])
+        torch.testing.assert_close(result["inside"]["1.running_mean"], torch.full((16,), mean_offset))
+        torch.testing.assert_close(result["inside"]["0.bias"], results[0]["local"]["0.bias"] + mean_offset)
+        assert result["inside"]["1.num_batches_tracked"] == result["local"]["1.num_batches_tracked"]
+        # the hook logs at optimizer steps 3 and 6, the same values on every rank
+        assert [step for _, step in result["logged"]] == [3, 6]
+        assert result["logged"] == results[0]["logged"]
+        values = result["logged"][-1][0]
+        assert set(values) == {
+            "decentadam/consensus_distance",
+            "decentadam/consensus_distance_rel",
+            "decentadam/comm_wait_ms",
+            "decentadam/comm_mb",
+        }
+        assert values["decentadam/consensus_distance"] > 0
+        assert 0 < values["decentadam/consensus_distance_rel"] < 1
+        numel = sum(v.numel() for k, v in result["local"].items() if "running" not in k and "num" not in k)
+        # ring: every step sends every parameter once (float32)
+        assert values["decentadam/comm_mb"] == pytest.approx(numel * 4 / 2**20, rel=1e-12)
