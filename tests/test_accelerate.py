@@ -1,0 +1,116 @@
+"""Accelerate integration, under a real ``accelerate launch`` of 4 CPU processes (gloo)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("accelerate", reason="the Accelerate integration needs accelerate (pip install '.[hf]')")
+
+from tests.accelerate_worker import ACCUM, MAX_NORM
+
+WORLD = 4
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def launch(out: Path, scenarios: str, *extra: str) -> list[dict[str, Any]]:
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--multi_gpu", "--num_processes", str(WORLD), "--num_machines", "1",
+        "--dynamo_backend", "no", *extra,
+        str(ROOT / "tests" / "accelerate_worker.py"), str(out), scenarios,
+    ]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    process = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-6000:]
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return launch(tmp_path_factory.mktemp("accelerate"), "loop,fp16", "--mixed_precision", "no")
+
+
+def test_no_ddp_and_each_rank_keeps_its_own_gradient(runs: list[dict[str, Any]]) -> None:
+    loop = [r["loop"] for r in runs]
+    assert loop[0]["num_processes"] == WORLD
+    for rank in range(WORLD):
+        assert not loop[rank]["wrapped_by_ddp"], loop[rank]["model_type"]
+        # the gradient at the first optimizer step is exactly the single-process gradient of this
+        # rank's own two micro-batches: nothing averaged it with other ranks
+        torch.testing.assert_close(loop[rank]["first_grad"], loop[rank]["reference_grad"], rtol=0, atol=0)
+        for other in range(rank):
+            assert not torch.allclose(loop[rank]["first_grad"], loop[other]["first_grad"])
+
+
+def test_the_only_collectives_are_the_gossip_exchanges(runs: list[dict[str, Any]]) -> None:
+    for result in (r["loop"] for r in runs):
+        # 3 optimizer steps (6 micro-batches) profiled: one all_reduce per bucket and step, no other
+        assert result["profiled_exchanges"] == 3 * result["buckets"]
+        assert result["collectives"] == {"gloo:all_reduce": result["profiled_exchanges"]}
+
+
+def test_accumulate_exchanges_once_per_optimizer_step(runs: list[dict[str, Any]]) -> None:
+    for result in (r["loop"] for r in runs):
+        counts = result["exchanges_after_micro_batch"]
+        assert len(counts) == 8 * ACCUM
+        steps = result["step_count"]
+        assert steps == 8
+        per_step = result["buckets"]
+        # no exchange after a micro-batch that only accumulates; one per bucket after each step
+        assert counts == [per_step * ((i + 1) // ACCUM) for i in range(len(counts))]
+
+
+def test_clip_grad_norm_is_per_rank(runs: list[dict[str, Any]]) -> None:
+    norms = [r["loop"]["norms"] for r in runs]
+    assert len({n[0] for n in norms}) == WORLD, "each rank reports the norm of its own gradient"
+    for result in (r["loop"] for r in runs):
+        for before, after in zip(result["norms"], result["clipped_norms"], strict=True):
+            assert after == pytest.approx(min(before, MAX_NORM), rel=1e-5)
+
+
+def test_prepared_scheduler_steps_like_under_ddp(runs: list[dict[str, Any]]) -> None:
+    # Accelerate steps a prepared scheduler num_processes times per optimizer step (its batch
+    # semantics), the same on every rank as under DDP
+    for result in (r["loop"] for r in runs):
+        assert result["lr"] == pytest.approx(1e-2 / (1 + WORLD * result["step_count"]))
+
+
+def test_metrics_are_logged_every_n_steps(runs: list[dict[str, Any]]) -> None:
+    keys = sorted(
+        [
+            "decentadam/comm_mb",
+            "decentadam/comm_wait_ms",
+            "decentadam/consensus_distance",
+            "decentadam/consensus_distance_rel",
+        ]
+    )
+    assert runs[0]["loop"]["logged"] == [(keys, 4), (keys, 8)]
+
+
+def test_fp16_skip_is_agreed_by_every_rank(runs: list[dict[str, Any]]) -> None:
+    fp16 = [r["fp16"] for r in runs]
+    for result in fp16:
+        assert result["scaler_type"] == "SyncedGradScaler"
+        # only rank 1 saw inf at step index 2, yet every rank skipped it and halved its scale
+        assert result["skipped"] == [False, False, True, False, False]
+        assert result["steps"] == [1, 2, 2, 3, 4]
+        assert result["scales"] == [2.0**10, 2.0**10, 2.0**9, 2.0**9, 2.0**9]
+        assert result["lrs"] == fp16[0]["lrs"]
+        assert result["finite"]
+
+
+def test_bf16_autocast(tmp_path: Path) -> None:
+    results = launch(tmp_path, "bf16", "--mixed_precision", "bf16")
+    for result in (r["bf16"] for r in results):
+        assert result["inner_dtypes"] == ["torch.bfloat16"]
+        assert result["output_dtype"] == "torch.float32"  # Accelerate converts outputs back
+        assert result["param_dtypes"] == ["torch.float32"]
+        assert result["step_count"] == 3
+        assert all(torch.isfinite(torch.tensor(result["losses"])))
