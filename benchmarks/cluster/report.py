@@ -1,0 +1,231 @@
+"""Markdown + PNG + JSON report of one cluster benchmark run (written by run.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from run import BenchConfig, Outcome
+
+MODEL_TOLERANCE = 0.15
+AER_TARGET_RATIO = 0.5
+BOUND_TARGET_RATIO = 1.10
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _table(outcomes: Sequence[Outcome], baseline: Outcome | None) -> list[str]:
+    lines = [
+        "| configuration | mean ms | median ms | p90 ms | comm wait ms/iter | update ms/iter "
+        "| inter-node MB/rank/iter (tc) | predicted inter-node MB | buffer MB/rank/iter | predicted ms "
+        "| model error | lower bound ms | vs All-Reduce |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for o in outcomes:
+        versus = f"{o.mean_ms / baseline.mean_ms:.2f}x" if baseline is not None else "-"
+        lines.append(
+            f"| {o.case.label} | {o.mean_ms:.0f} | {o.median_ms:.0f} | {o.p90_ms:.0f} | {o.wait_ms:.0f} "
+            f"| {o.update_ms:.0f} | {o.inter_mb_per_rank:.1f} | {o.predicted_inter_mb:.1f} "
+            f"| {_fmt(o.buffer_mb_per_rank, 1)} | {o.predicted_ms:.0f} | {o.error * 100:+.1f}% "
+            f"| {o.lower_bound_ms:.0f} | {versus} |"
+        )
+    return lines
+
+
+def _find(outcomes: Sequence[Outcome], library: str, topology: str, straggler: bool) -> Outcome | None:
+    for o in outcomes:
+        if o.case.library == library and o.case.topology == topology and o.case.straggler == straggler:
+            return o
+    return None
+
+
+def write_report(
+    out_dir: Path,
+    config: BenchConfig,
+    command: str,
+    probes: dict[str, dict[str, Any]],
+    calibration: dict[str, float],
+    outcomes: list[Outcome],
+    elapsed_s: float,
+    machine: dict[str, str],
+    spec_summary: dict[str, Any],
+) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / config.name
+    md, png, raw = stem.with_suffix(".md"), stem.with_suffix(".png"), stem.with_suffix(".json")
+    steady = [o for o in outcomes if not o.case.straggler]
+    slow = [o for o in outcomes if o.case.straggler]
+    ar = _find(outcomes, "torch DDP", "all-reduce", False)
+    aer = _find(outcomes, "decentadam", "aer", False)
+
+    lines = [
+        f"# Emulated cluster: {config.nodes} nodes x {config.ranks_per_node} ranks, "
+        f"{config.rate_mbit:g} Mbit/s node links",
+        "",
+        f"- command: `{command}` (as root; run under `flock /tmp/decentadam-cpu.lock`)",
+        f"- date: {machine['date']}; wall time {elapsed_s / 60:.1f} min",
+        f"- machine: {machine['cpu']}, {machine['cores']} cores, kernel {machine['kernel']}, Python "
+        f"{machine['python']}, torch {machine['torch']}; load average at end: {machine['load']}",
+        f"- workload per rank and iteration: S = {config.param_mb:g} MB of fp32 parameters in "
+        f"{config.layers} tensors; compute C = {config.compute_ms:g} ms emulated by sleeps "
+        "(1/3 forward, 2/3 backward, spread over the layers so gradients become ready during "
+        "backward); real optimizer steps; "
+        f"buckets {config.bucket_mb:g} MB; OMP_NUM_THREADS=1 per rank",
+        f"- iterations: {config.warmup} warm-up, then {config.iters} measured (a multiple of every "
+        "topology period); mean = (end of last - start) / iterations, averaged over ranks; median/p90 "
+        "over all ranks' per-iteration times",
+        f"- network: namespaces `{spec_summary['prefix']}-n0..n{config.nodes - 1}` on a bridge in "
+        f"`{spec_summary['prefix']}-sw`, tbf {config.rate_mbit:g} Mbit/s on both ends of every node link "
+        "(full duplex), MTU 1500; ranks bind to eth0 (GLOO_SOCKET_IFNAME), so same-node peers talk over lo",
+        "- methods: torch DDP (gloo, AdamW foreach); decentadam DecentralizedAdam(accum_steps=4, "
+        "overlap='step'); decent-dp 0.2.3 DecentralizedDataParallel + its AccumAdamW(accum_iter=4) "
+        "(installed with --no-deps; its AER is `alternating-exp-ring`)",
+        "",
+        "## Inputs of the runtime model (measured here, before and apart from the configurations)",
+        "",
+        "| measurement | value | tbf bytes moved |",
+        "|---|---:|---:|",
+        f"| TCP node 0 -> node 1 (one stream, {probes['inter']['bytes'] / 1e6:.0f} MB) "
+        f"| {probes['inter']['bytes_per_s'] / 1e6:.1f} MB/s | {probes['inter']['tbf_bytes']:,} |",
+        f"| TCP node 0 -> node 0 (loopback, {probes['intra']['bytes'] / 1e6:.0f} MB) "
+        f"| {probes['intra']['bytes_per_s'] / 1e6:.1f} MB/s | {probes['intra']['tbf_bytes']:,} |",
+    ]
+    names = {
+        "adamw_s": "torch AdamW(foreach) step, all ranks at once",
+        "ours_update_s": "DecentralizedAdam step, no network (mix + AccumAdamW + copy), all ranks at once",
+        "decent_dp_update_s": "decent-dp bucket update (mix + its AccumAdamW + copy), all ranks at once",
+    }
+    for key, seconds in calibration.items():
+        lines.append(f"| {names.get(key, key)} | {seconds * 1e3:.0f} ms | - |")
+    lines += [
+        "",
+        "The inter-node probe moves its bytes (plus ~4.5% TCP/IP/Ethernet headers) through the tbf "
+        "qdiscs; the same-node probe moves none through them: intra-node traffic avoids the shaping, "
+        "inter-node traffic goes through it. The model uses the inter-node probe's payload rate as "
+        "B_inter, the loopback rate as B_intra, latency 0, and the calibrated step times as U "
+        "(`decentadam/runtime_model.py` documents the formulas).",
+        "",
+        "## Results",
+        "",
+        "comm wait: decentadam = time blocked in `wait()` for exchanges (CommStats.wait_seconds); DDP and "
+        "decent-dp = backward wall time minus the emulated backward (for decent-dp this includes its "
+        "updates, which run inside backward hooks). update: time in `optimizer.step()` minus waiting. "
+        "inter-node MB: bytes through the nodes' uplink tbf (tc counters, headers included) / ranks / "
+        "iterations. buffer MB: CommStats.bytes_sent / iterations (parameter bytes entering group sums). "
+        "model error = predicted / measured mean - 1.",
+        "",
+        *_table(steady, ar),
+        "",
+    ]
+    if ar is not None and aer is not None:
+        ratio = aer.mean_ms / ar.mean_ms
+        bound = aer.mean_ms / aer.lower_bound_ms
+        worst = max(outcomes, key=lambda o: abs(o.error))
+        lines += [
+            "## Targets (issue 4)",
+            "",
+            f"- AER vs All-Reduce per-iteration time: {aer.mean_ms:.0f} ms vs {ar.mean_ms:.0f} ms = "
+            f"**{ratio:.2f}x** (target <= {AER_TARGET_RATIO}x): "
+            f"{'PASS' if ratio <= AER_TARGET_RATIO else 'MISS'}",
+            f"- AER vs the model's lower bound max(C, comm) (the recursion with free optimizer steps, "
+            f"{aer.lower_bound_ms:.0f} ms): **{bound:.2f}x** (target <= {BOUND_TARGET_RATIO}x): "
+            f"{'PASS' if bound <= BOUND_TARGET_RATIO else 'MISS'}",
+            f"- model within {MODEL_TOLERANCE:.0%} of the measurement in every configuration: "
+            f"{'PASS' if abs(worst.error) <= MODEL_TOLERANCE else 'MISS'} (worst: {worst.case.label}, "
+            f"{worst.error * 100:+.1f}%)",
+            "",
+        ]
+    if slow:
+        lines += [
+            f"## Stragglers: rank {config.straggler_rank} computes {config.straggler_factor:g}x slower",
+            "",
+            *_table(slow, _find(outcomes, "torch DDP", "all-reduce", True)),
+            "",
+            "| configuration | without straggler ms | with straggler ms | slow-down |",
+            "|---|---:|---:|---:|",
+        ]
+        for o in slow:
+            base = _find(outcomes, o.case.library, o.case.topology, False)
+            if base is not None:
+                lines.append(
+                    f"| {base.case.label} | {base.mean_ms:.0f} | {o.mean_ms:.0f} "
+                    f"| {o.mean_ms / base.mean_ms:.2f}x |"
+                )
+        lines.append("")
+    peers = [o for o in steady if o.case.library == "decent-dp"]
+    if peers:
+        lines += [
+            "## decentadam vs decent-dp 0.2.3 (same topology, same workload)",
+            "",
+            "| topology | decentadam mean ms | decent-dp mean ms | decentadam / decent-dp |",
+            "|---|---:|---:|---:|",
+        ]
+        for peer in [o for o in outcomes if o.case.library == "decent-dp"]:
+            ours = _find(outcomes, "decentadam", peer.case.topology, peer.case.straggler)
+            if ours is not None:
+                tag = " +straggler" if peer.case.straggler else ""
+                lines.append(
+                    f"| {peer.case.topology}{tag} | {ours.mean_ms:.0f} | {peer.mean_ms:.0f} "
+                    f"| {ours.mean_ms / peer.mean_ms:.2f}x |"
+                )
+        lines.append("")
+    lines += [f"![measured vs predicted]({png.name})", ""]
+    md.write_text("\n".join(lines))
+    _plot(png, config, outcomes)
+    raw.write_text(
+        json.dumps(
+            {
+                "config": asdict(config),
+                "command": command,
+                "machine": machine,
+                "probes": probes,
+                "calibration": calibration,
+                "outcomes": [
+                    {**{k: v for k, v in asdict(o).items() if k != "raw"}, "ranks": o.raw["ranks"]}
+                    for o in outcomes
+                ],
+            },
+            indent=1,
+        )
+    )
+    return [md, png, raw]
+
+
+def _plot(path: Path, config: BenchConfig, outcomes: list[Outcome]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.75 * len(outcomes)), 4.8))
+    xs = list(range(len(outcomes)))
+    width = 0.38
+    ax.bar([x - width / 2 for x in xs], [o.mean_ms for o in outcomes], width, label="measured (mean)")
+    ax.errorbar(
+        [x - width / 2 for x in xs],
+        [o.median_ms for o in outcomes],
+        yerr=[[0.0] * len(outcomes), [max(0.0, o.p90_ms - o.median_ms) for o in outcomes]],
+        fmt="k.",
+        label="median .. p90",
+    )
+    ax.bar([x + width / 2 for x in xs], [o.predicted_ms for o in outcomes], width, label="runtime model")
+    ax.plot(
+        [x + width / 2 for x in xs], [o.lower_bound_ms for o in outcomes], "r_", ms=14, label="lower bound"
+    )
+    ax.set_xticks(xs)
+    ax.set_xticklabels([o.case.label for o in outcomes], rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("ms per iteration")
+    ax.set_title(
+        f"{config.nodes} nodes x {config.ranks_per_node} ranks, {config.rate_mbit:g} Mbit/s, "
+        f"S = {config.param_mb:g} MB, C = {config.compute_ms:g} ms"
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
