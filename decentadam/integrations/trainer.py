@@ -1,0 +1,266 @@
+"""Decentralized training with the Hugging Face Trainer: ``DecentralizedTrainer``.
+
+::
+
+    args = TrainingArguments(output_dir="out", learning_rate=7e-4, adam_beta2=0.999, ...)
+    trainer = DecentralizedTrainer(
+        model=model, args=args, train_dataset=train, eval_dataset=val,
+        decentralized=DecentralizedArguments(topology="aer", accum_steps=4),
+    )
+    trainer.train()
+
+launched as usual (``accelerate launch --multi_gpu --num_processes 8 train.py`` or
+``torchrun --nproc_per_node 8 train.py``). What changes against ``Trainer``:
+
+- the optimizer is a :class:`~decentadam.DecentralizedAdam` built from the TrainingArguments
+  (learning rate, betas, epsilon, weight decay without decay on biases and norms) and
+  :class:`DecentralizedArguments`; or pass your own with ``optimizers=(DecentralizedAdam(...), None)``;
+- the model is not wrapped in DistributedDataParallel: no gradient all-reduce;
+- ``average_tokens_across_devices`` is turned off. Trainer assumes DDP averages gradients over
+  ranks: with that option it normalises each rank's loss by the token count of *all* ranks and
+  multiplies it by the number of processes, which costs an all-gather per step. Without averaging
+  each rank's gradient must be the gradient of its own mean loss, exactly as in a single process;
+- evaluation and ``save_model`` use the consensus model (the exact average over ranks, BatchNorm
+  statistics included); training continues from each rank's own weights afterwards;
+- checkpoints hold the consensus weights (``from_pretrained`` loads them) plus, per rank,
+  ``decentadam/rank-XXXXX.pt`` with its own weights and optimizer state, so
+  ``train(resume_from_checkpoint=...)`` continues exactly; ``resume_from_checkpoint=True`` skips
+  checkpoints left incomplete by a killed run. Resuming on another world size starts every rank
+  from the consensus weights, with a warning;
+- training logs carry ``decentadam/consensus_distance``, ``decentadam/consensus_distance_rel``,
+  ``decentadam/comm_wait_ms`` and ``decentadam/comm_mb`` at every ``logging_steps``;
+- fp16 loss scaling skips a step on every rank when any rank overflows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from transformers import Trainer
+
+from decentadam.amp import SyncedGradScaler
+from decentadam.checkpoint import _atomic_torch_save, _atomic_write_text, _torch_load
+from decentadam.consensus import _counters, averaged, metrics, unwrap_optimizer
+from decentadam.decentralized import DecentralizedAdam
+
+__all__ = ["DecentralizedArguments", "DecentralizedTrainer"]
+
+logger = logging.getLogger(__name__)
+
+STATE_DIR = "decentadam"
+META_NAME = "meta.json"
+
+
+@dataclass
+class DecentralizedArguments:
+    """How :class:`DecentralizedTrainer` builds its :class:`~decentadam.DecentralizedAdam`.
+
+    The learning rate, betas, epsilon and weight decay come from ``TrainingArguments``.
+    """
+
+    topology: str = "aer"
+    """Graph schedule: "complete", "ring", "one-peer-exp" or "aer" (alternating exponential ring)."""
+    accum_steps: int = 4
+    """AccumAdam window s: Adam moments advance once per s steps with the window's mean gradient."""
+    local_world_size: int | None = None
+    """Ranks per node for "aer"; default: LOCAL_WORLD_SIZE set by the launcher."""
+    bucket_size_mb: float = 25.0
+    """Size of one communication bucket."""
+    overlap: Literal["step", "backward"] = "step"
+    """"step" works with gradient clipping and accumulation; "backward" also overlaps the update."""
+    timeout: float | None = None
+    """Seconds to wait for one exchange before failing (a peer died or stalled); None: the
+    process group's timeout."""
+    log_metrics: bool = True
+    """Add consensus distance and communication wait to the training logs."""
+
+
+class DecentralizedTrainer(Trainer):
+    """``transformers.Trainer`` that trains with :class:`~decentadam.DecentralizedAdam` (see module doc)."""
+
+    def __init__(
+        self, *args: Any, decentralized: DecentralizedArguments | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.decentralized = decentralized or DecentralizedArguments()
+        if self.args.average_tokens_across_devices:
+            self.args.average_tokens_across_devices = False
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            raise ValueError(
+                "decentralized training keeps a full model on every rank; it cannot run with DeepSpeed or "
+                "FSDP. Remove the deepspeed / fsdp training arguments."
+            )
+        if self.decentralized.overlap == "backward" and self.args.gradient_accumulation_steps > 1:
+            raise ValueError(
+                "DecentralizedArguments(overlap='backward') cannot accumulate gradients over "
+                f"{self.args.gradient_accumulation_steps} micro-batches; use overlap='step'"
+            )
+        self._metrics_since: tuple[float, int, int] | None = None
+
+    # ---------------------------------------------------------------- optimizer and model wrapping
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        if self.accelerator.scaler is not None and not isinstance(self.accelerator.scaler, SyncedGradScaler):
+            self.accelerator.scaler = SyncedGradScaler.replacing(self.accelerator.scaler)
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        if self.optimizer is not None:
+            unwrap_optimizer(self.optimizer)  # a user-supplied optimizer must be a DecentralizedAdam
+            return self.optimizer
+        model = model if model is not None else self.model
+        if model is None:
+            raise ValueError("DecentralizedTrainer needs a model to build its optimizer")
+        decay = set(self.get_decay_parameter_names(model))
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for n, p in named if n in decay], "weight_decay": self.args.weight_decay},
+            {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
+        ]
+        config = self.decentralized
+        self.optimizer = DecentralizedAdam(
+            [g for g in groups if g["params"]],
+            lr=self.args.learning_rate,
+            betas=(self.args.adam_beta1, self.args.adam_beta2),
+            eps=self.args.adam_epsilon,
+            accum_steps=config.accum_steps,
+            topology=config.topology,
+            local_world_size=config.local_world_size,
+            bucket_size_mb=config.bucket_size_mb,
+            overlap=config.overlap,
+            timeout=config.timeout,
+        )
+        return self.optimizer
+
+    def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
+        model = super()._wrap_model(model, training, dataloader)
+        if training and model is self.model and not getattr(model, "_is_accelerate_prepared", False):
+            # Device placement and autocast, no DistributedDataParallel; accelerator.prepare then
+            # treats the model as already prepared.
+            model = self.accelerator.prepare_model(model, evaluation_mode=True)
+            setattr(model, "_is_accelerate_prepared", True)  # noqa: B010 (not an nn.Module attribute)
+        return model
+
+    def _decentralized(self) -> DecentralizedAdam | None:
+        return unwrap_optimizer(self.optimizer) if self.optimizer is not None else None
+
+    def _module(self) -> nn.Module:
+        if self.model is None:
+            raise ValueError("DecentralizedTrainer has no model")
+        return self.model
+
+    # ---------------------------------------------------------------- consensus for eval and save
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """Evaluate the consensus model (exact average over ranks); local weights come back after."""
+        opt = self._decentralized()
+        if opt is None or opt.world_size == 1:
+            return dict(super().evaluate(*args, **kwargs))
+        with averaged(self._module(), opt):
+            return dict(super().evaluate(*args, **kwargs))
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the consensus model (call on every rank: averaging is a collective)."""
+        opt = self._decentralized()
+        if opt is None or opt.world_size == 1:
+            super().save_model(output_dir, _internal_call)
+            return
+        with averaged(self._module(), opt):
+            super().save_model(output_dir, _internal_call)
+
+    # ---------------------------------------------------------------- per-rank state
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        super()._save_optimizer_and_scheduler(output_dir)
+        opt = self._decentralized()
+        if opt is None:
+            return
+        directory = Path(output_dir) / STATE_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {
+            "model": self.accelerator.unwrap_model(self.model).state_dict(),
+            "optimizer": opt.state_dict(),
+        }
+        _atomic_torch_save(state, directory / f"rank-{opt.rank:05d}.pt")
+        if opt.rank == 0:
+            meta = {"world_size": opt.world_size, "topology": opt.topology.name, "step": opt.step_count}
+            _atomic_write_text(directory / META_NAME, json.dumps(meta, indent=2) + "\n")
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        opt = self._decentralized()
+        if checkpoint is None or opt is None:
+            return
+        meta_path = Path(checkpoint) / STATE_DIR / META_NAME
+        if not meta_path.is_file():
+            warnings.warn(
+                f"{checkpoint} has no per-rank decentadam state: every rank resumes from the consensus "
+                "weights and rank 0's optimizer state.",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        meta = json.loads(meta_path.read_text())
+        if meta["world_size"] != opt.world_size:
+            message = (
+                f"checkpoint {checkpoint} was saved by {meta['world_size']} ranks and is resumed by "
+                f"{opt.world_size}: every rank starts from the consensus (averaged) weights with rank 0's "
+                "optimizer state."
+            )
+            warnings.warn(message, UserWarning, stacklevel=2)
+            logger.warning(message)
+            return
+        # Trainer loaded the consensus weights and rank 0's optimizer; each rank takes its own back.
+        state = _torch_load(Path(checkpoint) / STATE_DIR / f"rank-{opt.rank:05d}.pt")
+        self.accelerator.unwrap_model(self.model).load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = _last_complete_checkpoint(self.args.output_dir or ".")
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    # ---------------------------------------------------------------- logging
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        opt = self._decentralized()
+        # Training logs happen on every rank at the same step (Trainer gathers the loss there too).
+        if self.decentralized.log_metrics and opt is not None and "loss" in logs and opt.step_count > 0:
+            logs.update(metrics(opt, since=self._metrics_since))
+            self._metrics_since = _counters(opt)
+        super().log(logs, start_time)
+
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def _last_complete_checkpoint(output_dir: str) -> str:
+    """The newest checkpoint-N whose Trainer state and every rank's state were written."""
+    candidates = []
+    for entry in os.listdir(output_dir) if os.path.isdir(output_dir) else []:
+        match = _CHECKPOINT.match(entry)
+        if match:
+            candidates.append((int(match.group(1)), os.path.join(output_dir, entry)))
+    for _, path in sorted(candidates, reverse=True):
+        if _is_complete(Path(path)):
+            return path
+        logger.warning("skipping %s: incomplete (a run was probably killed while saving it)", path)
+    raise ValueError(f"no complete checkpoint in {output_dir} to resume from")
+
+
+def _is_complete(path: Path) -> bool:
+    try:
+        json.loads((path / "trainer_state.json").read_text())
+        meta = json.loads((path / STATE_DIR / META_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    return all((path / STATE_DIR / f"rank-{r:05d}.pt").is_file() for r in range(meta["world_size"]))

@@ -1,0 +1,129 @@
+"""HF Trainer integration: 4 processes under ``accelerate launch`` against 1 process, on CPU."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the Trainer integration needs transformers (pip install '.[hf]')")
+
+WORLD = 4
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = str(ROOT / "tests" / "trainer_worker.py")
+
+
+def launch(out: Path, scenario: str, run_dir: Path, world: int) -> list[dict[str, Any]]:
+    out.mkdir(parents=True, exist_ok=True)
+    if world == 1:
+        command = [sys.executable, WORKER, str(out), scenario, str(run_dir)]
+    else:
+        command = [
+            sys.executable, "-m", "accelerate.commands.launch",
+            "--multi_gpu", "--num_processes", str(world), "--num_machines", "1",
+            "--dynamo_backend", "no", "--mixed_precision", "no",
+            WORKER, str(out), scenario, str(run_dir),
+        ]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    process = subprocess.run(command, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-6000:]
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    base = tmp_path_factory.mktemp("trainer")
+    return base / "run", launch(base / "out", "fresh", base / "run", WORLD)
+
+
+def losses(history: list[dict[str, Any]]) -> dict[int, float]:
+    return {entry["step"]: entry["loss"] for entry in history if "loss" in entry}
+
+
+def flat(state: dict[str, torch.Tensor] | Any) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in state.parameters()])
+
+
+def test_no_ddp_and_each_gradient_has_the_single_process_scale(
+    fresh: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    _, results = fresh
+    for result in results:
+        assert result["world_size"] == WORLD
+        assert result["wrapped"] == "GPT2LMHeadModel", "the model must not be wrapped in DDP"
+        assert result["average_tokens"] is False
+        # normalised by this rank's own label count, not by the count over all ranks times n
+        assert result["num_items"] == result["local_labels"]
+        torch.testing.assert_close(result["first_grad"], result["reference_grad"], rtol=0, atol=0)
+
+
+def test_logged_losses_are_comparable_across_world_sizes(
+    fresh: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    _, results = fresh
+    single = launch(tmp_path / "out", "fresh", tmp_path / "run", 1)[0]
+    four, one = losses(results[0]["history"]), losses(single["history"])
+    assert results[1]["history"] == results[0]["history"] or losses(results[1]["history"]) == four
+    # step 1 runs the same initial weights on batches of the same kind: the loss is about ln(vocab)
+    # whatever the world size (a loss scaled by the number of processes would be ~4x larger)
+    assert four[1] == pytest.approx(one[1], rel=0.1)
+    assert one[1] == pytest.approx(math.log(48), rel=0.15)
+    for step in four:
+        assert four[step] == pytest.approx(one[step], rel=0.25)
+
+
+def test_training_logs_carry_consensus_and_comm_metrics(fresh: tuple[Path, list[dict[str, Any]]]) -> None:
+    _, results = fresh
+    entries = [e for e in results[0]["history"] if "loss" in e]
+    assert [e["step"] for e in entries] == [1, 2, 3, 4, 5, 6]
+    for entry in entries:
+        assert 0 < entry["decentadam/consensus_distance_rel"] < 0.05
+        assert entry["decentadam/comm_mb"] > 0
+        assert entry["decentadam/comm_wait_ms"] >= 0
+
+
+def test_evaluation_and_checkpoints_use_the_consensus_model(fresh: tuple[Path, list[dict[str, Any]]]) -> None:
+    run_dir, results = fresh
+    for result in results:
+        assert torch.equal(result["eval_weights"], results[0]["eval_weights"]), "evaluated the average"
+        assert torch.equal(result["after_eval"], result["local"]), "local weights come back"
+    assert not torch.equal(results[0]["local"], results[1]["local"])
+    from transformers import GPT2LMHeadModel
+
+    saved = GPT2LMHeadModel.from_pretrained(str(run_dir / "checkpoint-6"))
+    assert torch.equal(flat(saved), results[0]["eval_weights"])
+    assert sorted(p.name for p in (run_dir / "checkpoint-6" / "decentadam").iterdir()) == [
+        "meta.json",
+        *[f"rank-{r:05d}.pt" for r in range(WORLD)],
+    ]
+
+
+def test_resume_skips_an_incomplete_checkpoint_and_is_bitwise_identical(
+    fresh: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    run_dir, uninterrupted = fresh
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    (copy / "checkpoint-6" / "trainer_state.json").unlink()  # as if killed while saving step 6
+    resumed = launch(tmp_path / "out", "resume-last", copy, WORLD)
+    for rank in range(WORLD):
+        expected = losses(uninterrupted[rank]["history"])
+        got = losses(resumed[rank]["history"])  # steps 1-3 come from checkpoint-3's trainer state
+        assert got == expected
+        assert torch.equal(resumed[rank]["local"], uninterrupted[rank]["local"])
+
+
+def test_resume_on_another_world_size_warns_and_starts_from_the_average(
+    fresh: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    run_dir, _ = fresh
+    result = launch(tmp_path / "out", str(run_dir / "checkpoint-3"), tmp_path / "run", 1)[0]
+    assert any("saved by 4 ranks and is resumed by 1" in w for w in result["warnings"])
+    assert sorted(losses(result["history"])) == [1, 2, 3, 4, 5, 6]
