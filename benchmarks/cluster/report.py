@@ -93,22 +93,31 @@ def write_report(
         "|---|---:|---:|",
         f"| TCP node 0 -> node 1 (one stream, {probes['inter']['bytes'] / 1e6:.0f} MB) "
         f"| {probes['inter']['bytes_per_s'] / 1e6:.1f} MB/s | {probes['inter']['tbf_bytes']:,} |",
-        f"| TCP node 0 -> node 0 (loopback, {probes['intra']['bytes'] / 1e6:.0f} MB) "
+        f"| TCP inside every node at once ({probes['intra']['streams']} loopback streams, "
+        f"{probes['intra']['bytes'] / 1e6:.0f} MB), per stream "
         f"| {probes['intra']['bytes_per_s'] / 1e6:.1f} MB/s | {probes['intra']['tbf_bytes']:,} |",
     ]
     names = {
         "adamw_s": "torch AdamW(foreach) step, all ranks at once",
         "ours_update_s": "DecentralizedAdam step, no network (mix + AccumAdamW + copy), all ranks at once",
         "decent_dp_update_s": "decent-dp bucket update (mix + its AccumAdamW + copy), all ranks at once",
+        "intra_allreduce_s": "gloo all-reduce of S inside every node at once (over lo)",
     }
-    for key, seconds in calibration.items():
-        lines.append(f"| {names.get(key, key)} | {seconds * 1e3:.0f} ms | - |")
+    for key, value in calibration.items():
+        if key == "intra_bytes_per_s":
+            lines.append(
+                "| B_intra used by the model: ring bytes / gloo intra-node all-reduce time "
+                f"| {value / 1e6:.1f} MB/s | - |"
+            )
+        else:
+            lines.append(f"| {names.get(key, key)} | {value * 1e3:.0f} ms | - |")
     lines += [
         "",
         "The inter-node probe moves its bytes (plus ~4.5% TCP/IP/Ethernet headers) through the tbf "
-        "qdiscs; the same-node probe moves none through them: intra-node traffic avoids the shaping, "
-        "inter-node traffic goes through it. The model uses the inter-node probe's payload rate as "
-        "B_inter, the loopback rate as B_intra, latency 0, and the calibrated step times as U "
+        "qdiscs; the same-node probes move (almost) none through them: intra-node traffic avoids the "
+        "shaping, inter-node traffic goes through it. The model uses the inter-node probe's payload rate "
+        "as B_inter, B_intra from gloo's intra-node all-reduce (the Python probe is CPU-bound and only "
+        "shows the path), latency 0, and the calibrated step times as U "
         "(`decentadam/runtime_model.py` documents the formulas).",
         "",
         "## Results",

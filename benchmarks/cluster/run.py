@@ -191,40 +191,51 @@ def launch(
                 proc.wait()
 
 
-def probe(cluster: EmulatedCluster, server_node: int, client_node: int, megabytes: float) -> dict[str, Any]:
-    """TCP throughput from client_node to server_node's address, and the tbf bytes it moved."""
-    host = cluster.spec.address(server_node)
+def probe(cluster: EmulatedCluster, streams: list[tuple[int, int]], megabytes: float) -> dict[str, Any]:
+    """Concurrent TCP streams (client node -> server node's address): mean per-stream rate, tbf bytes."""
     before = cluster.link_bytes()
-    server = subprocess.Popen(
-        [*cluster.exec_prefix(server_node), sys.executable, str(PROBE), "serve", host, "5599"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    servers: list[subprocess.Popen[str]] = []
     try:
-        assert server.stdout is not None
-        server.stdout.readline()  # "ready"
-        subprocess.run(
-            [
-                *cluster.exec_prefix(client_node),
-                sys.executable,
-                str(PROBE),
-                "send",
-                host,
-                "5599",
-                str(megabytes),
-            ],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        received: dict[str, Any] = json.loads(server.communicate(timeout=60)[0])
+        for index, (_, server_node) in enumerate(streams):
+            host = cluster.spec.address(server_node)
+            argv = [sys.executable, str(PROBE), "serve", host, str(5600 + index)]
+            server = subprocess.Popen(
+                [*cluster.exec_prefix(server_node), *argv], stdout=subprocess.PIPE, text=True
+            )
+            servers.append(server)
+            assert server.stdout is not None
+            server.stdout.readline()  # "ready"
+        clients = [
+            subprocess.Popen(
+                [
+                    *cluster.exec_prefix(client_node),
+                    sys.executable,
+                    str(PROBE),
+                    "send",
+                    cluster.spec.address(server_node),
+                    str(5600 + index),
+                    str(megabytes),
+                ],
+                stdout=subprocess.DEVNULL,
+            )
+            for index, (client_node, server_node) in enumerate(streams)
+        ]
+        for client in clients:
+            if client.wait(timeout=120) != 0:
+                raise RuntimeError(f"link probe client exited with {client.returncode}")
+        results = [json.loads(server.communicate(timeout=60)[0]) for server in servers]
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
+        for server in servers:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
     after = cluster.link_bytes()
-    received["tbf_bytes"] = sum(a[0] - b[0] + a[1] - b[1] for a, b in zip(after, before, strict=True))
-    return received
+    return {
+        "streams": len(streams),
+        "bytes": sum(r["bytes"] for r in results),
+        "bytes_per_s": statistics.mean(r["bytes_per_s"] for r in results),
+        "tbf_bytes": sum(a[0] - b[0] + a[1] - b[1] for a, b in zip(after, before, strict=True)),
+    }
 
 
 def ensure_decent_dp() -> None:
@@ -348,8 +359,13 @@ def main(argv: list[str] | None = None) -> int:
         logs = Path(tmp)
         logger.info("probing links")
         probes = {
-            "inter": probe(cluster, 1, 0, config.rate_mbit / 8 * 0.5),  # ~0.5 s of traffic
-            "intra": probe(cluster, 0, 0, 500.0),
+            # one stream over one node link, ~0.5 s of traffic
+            "inter": probe(cluster, [(0, 1)], config.rate_mbit / 8 * 0.5),
+            # every node at once, L streams each on its loopback (the ring edges of a node's ranks):
+            # the emulated nodes share this machine's cores, as the ranks' intra-node exchanges do
+            "intra": probe(
+                cluster, [(n, n) for n in range(config.nodes) for _ in range(config.ranks_per_node)], 200.0
+            ),
         }
         for name, p in probes.items():
             logger.info("%s: %.1f MB/s, %d bytes through tbf", name, p["bytes_per_s"] / 1e6, p["tbf_bytes"])
@@ -360,11 +376,18 @@ def main(argv: list[str] | None = None) -> int:
             for key in calibration_raw["ranks"][0]["calibration"]
         }
         logger.info("calibration: %s", {k: f"{v * 1e3:.0f} ms" for k, v in calibration.items()})
+        # B_intra from gloo's own intra-node all-reduce (ring over L ranks: 2 (L-1)/L S per edge)
+        if "intra_allreduce_s" in calibration:
+            ring_bytes = 2 * (config.ranks_per_node - 1) / config.ranks_per_node * config.param_mb * 1e6
+            intra_bytes_per_s = ring_bytes / calibration["intra_allreduce_s"]
+        else:
+            intra_bytes_per_s = probes["intra"]["bytes_per_s"]
+        calibration_inputs = {"intra_bytes_per_s": intra_bytes_per_s}
         model_cluster = Cluster(
             nodes=config.nodes,
             ranks_per_node=config.ranks_per_node,
             inter_bytes_per_s=probes["inter"]["bytes_per_s"],
-            intra_bytes_per_s=probes["intra"]["bytes_per_s"],
+            intra_bytes_per_s=intra_bytes_per_s,
         )
         for index, case in enumerate(cases_of(config)):
             spec_json = {**base, "method": case.method}
@@ -418,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         config,
         command,
         probes,
-        calibration,
+        calibration | calibration_inputs,
         outcomes,
         elapsed,
         _machine(),

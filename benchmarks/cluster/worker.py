@@ -270,6 +270,20 @@ def run_calibrate(spec: WorkerSpec, model: EmulatedModel, result: RankResult) ->
             times.append(time.perf_counter() - start)
         return statistics.mean(times)  # over whole accumulation windows: commit steps included
 
+    # The intra-node link as gloo sees it: every node's ranks all-reduce S bytes at once over lo.
+    local = int(os.environ["LOCAL_WORLD_SIZE"])
+    node_groups = [dist.new_group(list(range(j * local, (j + 1) * local))) for j in range(world // local)]
+    if local > 1:
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        group = node_groups[rank // local]
+        durations = []
+        for _ in range(3):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(flat, group=group)
+            durations.append(time.perf_counter() - start)
+        result.calibration["intra_allreduce_s"] = statistics.median(durations)
+        del flat
     adamw = torch.optim.AdamW(model.parameters(), lr=LR, foreach=True)
     result.calibration["adamw_s"] = timed(adamw.step)
     del adamw
