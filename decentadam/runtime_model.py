@@ -42,11 +42,29 @@ with ``a_ring`` the largest latency on the ring. Groups of one rank do not commu
 
 Per-iteration time: a max-plus recursion over ranks and steps
 ------------------------------------------------------------
-DecentralizedAdam (``overlap="step"``): rank ``i`` ends step ``t-1`` at ``e_i(t-1)`` and starts the
-exchange of ``x_i(t)`` with its group ``G`` of step ``t``; the exchange starts when the last member
-has started and lasts ``T_G``; the rank computes meanwhile, then waits, mixes and updates::
+DecentralizedAdam works bucket by bucket (``K = ceil(S / bucket_mb)`` buckets, each ``S/K`` bytes and
+``U_dec/K`` of update work). Rank ``i`` updates bucket ``k`` of step ``t-1`` at ``d_ik(t-1)`` and
+immediately starts that bucket's exchange with its group ``G`` of step ``t``; the group's buckets
+travel one after the other over its ring, so bucket ``k`` arrives at
 
-    e_i(t) = max(e_i(t-1) + C_i,  max_{j in G} e_j(t-1) + T_G) + U_dec
+    a_Gk(t) = max_{j in G} max(d_jk(t-1), free_j) + T_G / K
+
+where ``free_j`` is when rank ``j``'s previous exchange (an earlier bucket, or a bucket of the
+previous step still in flight) finished: a rank's exchanges share its links one after the other.
+
+With ``overlap="step"`` the rank computes for ``C_i`` after its last update, then for each bucket in
+turn waits for it, mixes and updates::
+
+    c = d_i,K-1(t-1) + C_i;   for k: c = max(c, a_Gk(t)) + U_dec / K;  d_ik(t) = c
+
+so the exchange of bucket 0 already travels while buckets 1..K-1 are being updated (the update and
+the communication overlap, unlike DDP's optimizer step, which needs every reduced gradient). Where
+the update and the communication compete for the same CPU cores (``update_overlaps_comm=False``)
+no update runs while bytes are on the wire: every exchange starts after the last bucket's update
+(``d_ik(t) = d_i,K-1(t)``) and the first bucket's update waits for the last bucket to arrive. With
+``overlap="backward"`` (and decent-dp, which updates from backward hooks) bucket ``k``'s update runs
+inside backward, after the layers of bucket ``k``: ``c = d_i,K-1(t-1) + f C_i``, then for each
+bucket ``c += (1-f) C_i / K`` before the wait/update.
 
 All-Reduce (DDP): the gradient buckets (of ``bucket_mb``) become ready during backward, in reverse
 layer order; bucket ``k`` is reduced once every rank has produced it and the previous bucket is
@@ -55,7 +73,7 @@ done; the optimizer step follows the last one, and everyone starts the next forw
     s(t) = max_i e_i(t-1);  ready_k = max_i (s + f C_i + (k+1)/K (1-f) C_i)
     done_k = max(ready_k, done_{k-1}) + T_AR * size_k / S;  e_i(t) = max(s + C_i, done_K) + U_ar
 
-The predicted iteration time is the average slope of ``e`` over many periods of the topology, which
+The predicted iteration time is the average slope of the step ends over many periods of the topology, which
 takes care of AER's alternation (a node pair uses the slow link only every other step, and a node
 may catch up on its intra-node steps) and of stragglers (``C_i`` differs for one rank).
 With equal ranks and no update time it reduces to the familiar bounds
@@ -152,6 +170,13 @@ class Workload:
     """U_ar: the optimizer step after All-Reduce (torch AdamW)."""
     bucket_bytes: float = 25 * 2**20
     """Gradient bucket size of All-Reduce (DDP's bucket_cap_mb)."""
+    update_overlaps_comm: bool = True
+    """Whether a bucket's exchange travels while later buckets are updated. True where communication
+    needs no cores the update uses (GPUs with NCCL/RDMA, spare CPU cores); False where the update
+    saturates the cores that also move the bytes (many gloo ranks per CPU): updates and exchanges
+    then take turns, as if ``K = 1``."""
+    overlap: str = "step"
+    """Where DecentralizedAdam updates: ``"step"`` (after backward) or ``"backward"`` (bucket hooks)."""
     compute_scale: tuple[float, ...] = ()
     """Per-rank multipliers of C (a straggler: (1, 2, 1, ...)); empty: all ranks equal."""
 
@@ -165,6 +190,8 @@ class Workload:
             raise ValueError(f"forward_fraction must be in [0, 1], got {self.forward_fraction}")
         if not self.bucket_bytes > 0:
             raise ValueError(f"bucket_bytes must be > 0, got {self.bucket_bytes}")
+        if self.overlap not in ("step", "backward"):
+            raise ValueError(f"overlap must be 'step' or 'backward', got {self.overlap!r}")
         if any(not s > 0 for s in self.compute_scale):
             raise ValueError(f"compute_scale entries must be > 0, got {self.compute_scale}")
 
@@ -252,17 +279,39 @@ def _slope(ends: list[list[float]]) -> float:
 def _simulate_gossip(
     topology: Topology, cluster: Cluster, work: Workload, update_s: float, steps: int
 ) -> float:
+    """The per-bucket recursion of the module docstring; returns the mean step time."""
     n = cluster.world_size
+    buckets = max(1, math.ceil(work.param_bytes / work.bucket_bytes))
+    u = update_s / buckets
+    f = work.forward_fraction
     comm = [group_sum_times(topology.groups(t), cluster, work.param_bytes) for t in range(topology.period)]
     ends = [[0.0] * n]
+    done = [[0.0] * n for _ in range(buckets)]  # done[k][i]: rank i updated bucket k (exchange starts)
+    channel = [0.0] * n  # when rank i's previous exchange finished: its exchanges go one at a time
     for t in range(steps):
-        previous = ends[-1]
-        current = [0.0] * n
-        for group, seconds in comm[t % topology.period].items():
-            arrived = max(previous[j] for j in group) + seconds if len(group) > 1 else 0.0
-            for i in group:
-                current[i] = max(previous[i] + work.compute_of(i), arrived) + update_s
-        ends.append(current)
+        start = ends[-1]
+        cursor = [
+            start[i] + (f if work.overlap == "backward" else 1.0) * work.compute_of(i) for i in range(n)
+        ]
+        arrived = [[0.0] * n for _ in range(buckets)]
+        for k in range(buckets):
+            for group, seconds in comm[t % topology.period].items():
+                if len(group) > 1:
+                    began = max(max(done[k][j], channel[j]) for j in group)
+                    for i in group:
+                        channel[i] = arrived[k][i] = began + seconds / buckets
+        if not work.update_overlaps_comm:  # no update while any bucket is still on the wire
+            arrived = [[max(arrived[k][i] for k in range(buckets)) for i in range(n)]] * buckets
+        for k in range(buckets):
+            for i in range(n):
+                if work.overlap == "backward":
+                    cursor[i] += (1 - f) * work.compute_of(i) / buckets  # the layers of bucket k
+                cursor[i] = max(cursor[i], arrived[k][i]) + u
+                done[k][i] = cursor[i]
+        if not work.update_overlaps_comm:
+            for k in range(buckets):
+                done[k] = list(cursor)
+        ends.append(cursor)
     return _slope(ends)
 
 
@@ -286,19 +335,19 @@ def _simulate_allreduce(cluster: Cluster, work: Workload, update_s: float, steps
     return _slope(ends)
 
 
-def predict(method: str, cluster: Cluster, work: Workload, periods: int = 32) -> Prediction:
+def predict(method: str, cluster: Cluster, work: Workload, periods: int = 8) -> Prediction:
     """Predict one method: ``"all-reduce"`` or a topology name of :func:`decentadam.topology.build`."""
     n = cluster.world_size
     if work.compute_scale and len(work.compute_scale) != n:
         raise ValueError(f"compute_scale has {len(work.compute_scale)} entries for {n} ranks")
     if method == ALLREDUCE:
         topology = build("complete", n, cluster.ranks_per_node)
-        steps = 2 * periods
+        steps = max(48, 2 * periods)
         iteration = _simulate_allreduce(cluster, work, work.allreduce_update_s, steps)
         bound = _simulate_allreduce(cluster, work, 0.0, steps)
     else:
         topology = build(method, n, cluster.ranks_per_node)
-        steps = max(2, topology.period) * periods
+        steps = max(48, topology.period * periods)  # the slope is taken over the second half
         iteration = _simulate_gossip(topology, cluster, work, work.update_s, steps)
         bound = _simulate_gossip(topology, cluster, work, 0.0, steps)
     comm, sent, inter = 0.0, 0.0, 0.0
@@ -408,7 +457,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="AdamW step time (default: --update-ms)",
     )
-    parser.add_argument("--bucket-mb", type=_positive, default=25.0, help="DDP bucket_cap_mb")
+    parser.add_argument(
+        "--bucket-mb", type=_positive, default=25.0, help="bucket size (DDP and DecentralizedAdam)"
+    )
+    parser.add_argument(
+        "--overlap", choices=("step", "backward"), default="step", help="DecentralizedAdam(overlap=...)"
+    )
+    parser.add_argument(
+        "--update-blocks-comm",
+        action="store_true",
+        help="the optimizer step and communication share saturated CPU cores (gloo on CPU)",
+    )
     parser.add_argument(
         "--straggler",
         type=_positive,
@@ -496,6 +555,8 @@ def _inputs(args: argparse.Namespace) -> tuple[Cluster, Workload]:
         update_s=update,
         allreduce_update_s=update if args.allreduce_update_ms is None else args.allreduce_update_ms * 1e-3,
         bucket_bytes=args.bucket_mb * 2**20,
+        overlap=args.overlap,
+        update_overlaps_comm=not args.update_blocks_comm,
         compute_scale=scale,
     )
     return cluster, work

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -90,6 +91,34 @@ def test_all_reduce_overlaps_backward_only() -> None:
     assert predict(ALLREDUCE, _cluster(), work).iteration_s == pytest.approx(3.0, rel=1e-2)
 
 
+def test_gossip_overlaps_the_update_with_the_exchange_but_all_reduce_cannot() -> None:
+    # comm-bound: complete topology = the same bytes as All-Reduce, 1.4 s per step on the link
+    work = Workload(param_bytes=S, compute_s=0.0, update_s=0.4, allreduce_update_s=0.4, bucket_bytes=S / 4)
+    # DDP steps only after the last bucket is reduced: comm + U
+    assert predict(ALLREDUCE, _cluster(), work).iteration_s == pytest.approx(1.4 + 0.4)
+    # gossip: bucket 0's exchange travels while buckets 1..3 are updated; the link stays busy and only
+    # each bucket is updated (U/K = 0.1 s) while later ones still travel (T/K = 0.35 s): all hidden
+    assert predict("complete", _cluster(), work).iteration_s == pytest.approx(1.4, rel=1e-3)
+    # the cores that update also move the bytes: each exchange waits for the whole update
+    serial = replace(work, update_overlaps_comm=False)
+    assert predict("complete", _cluster(), serial).iteration_s == pytest.approx(1.4 + 0.4, rel=1e-3)
+    # compute-bound: every bucket has arrived when backward ends: C + U
+    fast = _cluster(inter=1e15, intra=1e15)
+    assert predict("complete", fast, replace(work, compute_s=0.3)).iteration_s == pytest.approx(0.7)
+
+
+def test_backward_overlap_updates_inside_backward() -> None:
+    fast = _cluster(inter=1e15, intra=1e15)
+    work = Workload(param_bytes=S, compute_s=0.3, update_s=0.4, bucket_bytes=S / 4, overlap="backward")
+    # no communication to wait for: the hooks add their update to backward, C + U either way
+    assert predict("aer", fast, work).iteration_s == pytest.approx(0.7)
+    # comm-bound: the exchange of bucket k can start during backward, before the last layers ran
+    slow = Workload(param_bytes=S, compute_s=0.3, update_s=0.0, bucket_bytes=S / 4)
+    step_mode = predict("complete", _cluster(), slow).iteration_s
+    backward_mode = predict("complete", _cluster(), replace(slow, overlap="backward")).iteration_s
+    assert step_mode == pytest.approx(1.4, rel=1e-3) and backward_mode == pytest.approx(1.4, rel=1e-3)
+
+
 def test_aer_alternation_hides_half_of_the_slow_link() -> None:
     work = Workload(param_bytes=S, compute_s=0.1)
     aer = predict("aer", _cluster(), work)
@@ -137,6 +166,8 @@ def test_inputs_are_validated() -> None:
         Cluster(0, 1, GBIT, GBIT)
     with pytest.raises(ValueError, match="inter_bytes_per_s must be > 0"):
         Cluster(1, 1, 0.0, GBIT)
+    with pytest.raises(ValueError, match="overlap must be"):
+        Workload(param_bytes=S, compute_s=0.1, overlap="later")
     with pytest.raises(ValueError, match="forward_fraction"):
         Workload(param_bytes=S, compute_s=0.1, forward_fraction=1.5)
     with pytest.raises(ValueError, match="compute_scale has 2 entries for 8 ranks"):
@@ -202,6 +233,6 @@ def test_cli_bad_input(argv: str, message: str, capsys: pytest.CaptureFixture[st
 
 
 def test_prediction_is_finite_for_large_clusters() -> None:
-    cluster = Cluster(nodes=16, ranks_per_node=8, inter_bytes_per_s=25 * GBIT, intra_bytes_per_s=800 * GBIT)
-    for p in predict_all(cluster, Workload(param_bytes=1.4e9, compute_s=0.18)):
+    cluster = Cluster(nodes=8, ranks_per_node=4, inter_bytes_per_s=25 * GBIT, intra_bytes_per_s=800 * GBIT)
+    for p in predict_all(cluster, Workload(param_bytes=1.4e9, compute_s=0.18, update_s=0.01)):
         assert math.isfinite(p.iteration_s) and p.iteration_s >= 0.18

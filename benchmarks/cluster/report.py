@@ -23,9 +23,10 @@ def _fmt(value: float | None, digits: int = 0) -> str:
 def _table(outcomes: Sequence[Outcome], baseline: Outcome | None) -> list[str]:
     lines = [
         "| configuration | mean ms | median ms | p90 ms | comm wait ms/iter | update ms/iter "
-        "| inter-node MB/rank/iter (tc) | predicted inter-node MB | buffer MB/rank/iter | predicted ms "
-        "| model error | lower bound ms | vs All-Reduce |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| inter-node MB/rank/iter (tc) | predicted inter-node MB | buffer MB/rank/iter "
+        "| predicted ms, overlapped | error | predicted ms, serialized | error | lower bound ms "
+        "| vs All-Reduce |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for o in outcomes:
         versus = f"{o.mean_ms / baseline.mean_ms:.2f}x" if baseline is not None else "-"
@@ -33,7 +34,8 @@ def _table(outcomes: Sequence[Outcome], baseline: Outcome | None) -> list[str]:
             f"| {o.case.label} | {o.mean_ms:.0f} | {o.median_ms:.0f} | {o.p90_ms:.0f} | {o.wait_ms:.0f} "
             f"| {o.update_ms:.0f} | {o.inter_mb_per_rank:.1f} | {o.predicted_inter_mb:.1f} "
             f"| {_fmt(o.buffer_mb_per_rank, 1)} | {o.predicted_ms:.0f} | {o.error * 100:+.1f}% "
-            f"| {o.lower_bound_ms:.0f} | {versus} |"
+            f"| {o.predicted_serial_ms:.0f} | {o.serial_error * 100:+.1f}% | {o.lower_bound_ms:.0f} "
+            f"| {versus} |"
         )
     return lines
 
@@ -127,7 +129,12 @@ def write_report(
         "updates, which run inside backward hooks). update: time in `optimizer.step()` minus waiting. "
         "inter-node MB: bytes through the nodes' uplink tbf (tc counters, headers included) / ranks / "
         "iterations. buffer MB: CommStats.bytes_sent / iterations (parameter bytes entering group sums). "
-        "model error = predicted / measured mean - 1.",
+        "error = predicted / measured mean - 1. Two predictions from the same inputs: *overlapped* is "
+        "the runtime model as for a real cluster (a bucket's exchange travels while later buckets are "
+        "updated, the `update_overlaps_comm=True` default); *serialized* assumes the update and the "
+        "communication cannot share this machine's 2 cores, which 8 ranks' optimizer steps saturate "
+        "(`update_overlaps_comm=False`). For All-Reduce they coincide (DDP's step needs every reduced "
+        "gradient).",
         "",
         *_table(steady, ar),
         "",
@@ -136,6 +143,9 @@ def write_report(
         ratio = aer.mean_ms / ar.mean_ms
         bound = aer.mean_ms / aer.lower_bound_ms
         worst = max(outcomes, key=lambda o: abs(o.error))
+        worst_serial = max(outcomes, key=lambda o: abs(o.serial_error))
+        worst_band = max(outcomes, key=lambda o: abs(o.band_error))
+        inside = sum(1 for o in outcomes if o.band_error == 0.0)
         lines += [
             "## Targets (issue 4)",
             "",
@@ -145,9 +155,22 @@ def write_report(
             f"- AER vs the model's lower bound max(C, comm) (the recursion with free optimizer steps, "
             f"{aer.lower_bound_ms:.0f} ms): **{bound:.2f}x** (target <= {BOUND_TARGET_RATIO}x): "
             f"{'PASS' if bound <= BOUND_TARGET_RATIO else 'MISS'}",
+            f"- where the time goes: on this machine {config.world_size} ranks share {machine['cores']} "
+            "cores, so the optimizer steps "
+            f"(measured {ar.update_ms:.0f} ms/iter for DDP's AdamW, {aer.update_ms:.0f} ms/iter for AER's "
+            "mix + AccumAdamW + copy) are a fixed cost that neither overlap nor topology removes. "
+            "Without them (measured mean minus measured update time; on a real cluster every rank "
+            f"steps on its own device): All-Reduce {ar.mean_ms - ar.update_ms:.0f} ms, AER "
+            f"{aer.mean_ms - aer.update_ms:.0f} ms = "
+            f"{(aer.mean_ms - aer.update_ms) / (ar.mean_ms - ar.update_ms):.2f}x; the model's lower "
+            f"bounds give {aer.lower_bound_ms / ar.lower_bound_ms:.2f}x",
             f"- model within {MODEL_TOLERANCE:.0%} of the measurement in every configuration: "
-            f"{'PASS' if abs(worst.error) <= MODEL_TOLERANCE else 'MISS'} (worst: {worst.case.label}, "
-            f"{worst.error * 100:+.1f}%)",
+            f"overlapped model {'PASS' if abs(worst.error) <= MODEL_TOLERANCE else 'MISS'} (worst: "
+            f"{worst.case.label}, {worst.error * 100:+.1f}%); serialized model "
+            f"{'PASS' if abs(worst_serial.serial_error) <= MODEL_TOLERANCE else 'MISS'} (worst: "
+            f"{worst_serial.case.label}, {worst_serial.serial_error * 100:+.1f}%). The measurement lies "
+            f"between the two in {inside} of {len(outcomes)} configurations; the largest distance to the "
+            f"band is {worst_band.band_error * 100:+.1f}% ({worst_band.case.label})",
             "",
         ]
     if slow:

@@ -123,6 +123,9 @@ class Outcome:
     inter_mb_per_rank: float
     buffer_mb_per_rank: float | None
     predicted_ms: float
+    """The model as for a real cluster: updates overlap the exchanges (update_overlaps_comm=True)."""
+    predicted_serial_ms: float
+    """The model with updates and exchanges taking turns on the shared cores (False)."""
     lower_bound_ms: float
     predicted_inter_mb: float
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
@@ -130,6 +133,19 @@ class Outcome:
     @property
     def error(self) -> float:
         return self.predicted_ms / self.mean_ms - 1.0
+
+    @property
+    def serial_error(self) -> float:
+        return self.predicted_serial_ms / self.mean_ms - 1.0
+
+    @property
+    def band_error(self) -> float:
+        """0 inside [overlapped, serialized], else the relative distance to the nearer end."""
+        low, high = sorted((self.predicted_ms, self.predicted_serial_ms))
+        if low <= self.mean_ms <= high:
+            return 0.0
+        nearer = low if self.mean_ms < low else high
+        return nearer / self.mean_ms - 1.0
 
 
 # ------------------------------------------------------------------------------------ processes
@@ -251,7 +267,7 @@ def ensure_decent_dp() -> None:
 # ------------------------------------------------------------------------------------ analysis
 
 
-def summarize(case: Case, raw: dict[str, Any], config: BenchConfig, predicted: Any) -> Outcome:
+def summarize(case: Case, raw: dict[str, Any], config: BenchConfig, predicted: Any, serial: Any) -> Outcome:
     ranks = raw["ranks"]
     iters = config.iters
     deltas: list[float] = []
@@ -271,6 +287,7 @@ def summarize(case: Case, raw: dict[str, Any], config: BenchConfig, predicted: A
         inter_mb_per_rank=sum(link) / (config.world_size * iters) / 1e6,
         buffer_mb_per_rank=statistics.mean(buffer) / iters / 1e6 if case.library == "decentadam" else None,
         predicted_ms=predicted.iteration_s * 1e3,
+        predicted_serial_ms=serial.iteration_s * 1e3,
         lower_bound_ms=predicted.lower_bound_s * 1e3,
         predicted_inter_mb=predicted.inter_bytes_per_rank / 1e6,
         raw=raw,
@@ -415,14 +432,17 @@ def main(argv: list[str] | None = None) -> int:
                 update_s=update,
                 allreduce_update_s=update,
                 bucket_bytes=config.bucket_mb * 2**20,
+                overlap="backward" if case.library == "decent-dp" else "step",  # it updates in hooks
                 compute_scale=scale,
             )
             predicted = predict(case.topology, model_cluster, workload)
+            serial = predict(case.topology, model_cluster, replace(workload, update_overlaps_comm=False))
             logger.info("running %s", case.label)
             raw = launch(cluster, config, spec_json, 29500 + index, logs)
-            outcome = summarize(case, raw, config, predicted)
+            outcome = summarize(case, raw, config, predicted, serial)
             logger.info(
-                "%s: mean %.0f ms, median %.0f, p90 %.0f, wait %.0f, update %.0f, predicted %.0f (%+.0f%%)",
+                "%s: mean %.0f ms, median %.0f, p90 %.0f, wait %.0f, update %.0f, predicted %.0f (%+.0f%%)"
+                " .. %.0f (%+.0f%%)",
                 case.label,
                 outcome.mean_ms,
                 outcome.median_ms,
@@ -431,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
                 outcome.update_ms,
                 outcome.predicted_ms,
                 outcome.error * 100,
+                outcome.predicted_serial_ms,
+                outcome.serial_error * 100,
             )
             outcomes.append(outcome)
     elapsed = time.monotonic() - started
