@@ -103,6 +103,7 @@ def loop(out: dict[str, Any]) -> None:
             optimizer.zero_grad()
         exchanges_after_micro_batch.append(inner.stats.exchanges)
         if index == 7 * ACCUM - 1 and profiler is not None:
+            inner.wait_for_exchanges()  # the last profiled exchange is still in flight
             profiler.__exit__(None, None, None)
             for event in profiler.events():
                 if event.name.startswith("gloo:"):
