@@ -1,0 +1,132 @@
+"""Decentralized training in a plain Accelerate loop: a small character-level GPT-2.
+
+CPU-only machine, 4 processes (gloo)::
+
+    ACCELERATE_USE_CPU=true OMP_NUM_THREADS=1 accelerate launch --multi_gpu --num_processes 4 \\
+        examples/accelerate_lm.py --text ../shared/data/multi30k/train.en.gz
+
+GPUs (NCCL), 2 nodes x 4 GPUs, bf16 (run on each node with its --machine_rank)::
+
+    accelerate launch --multi_gpu --num_machines 2 --num_processes 8 --machine_rank 0 \\
+        --main_process_ip HOST --main_process_port 29500 --mixed_precision bf16 \\
+        examples/accelerate_lm.py --text train.en.gz --topology aer
+
+Without ``--text`` the script trains on a small built-in corpus. The loop is the usual Accelerate
+loop; the decentralized parts are marked ``# decentadam``: the optimizer, ``prepare`` (no DDP
+wrapper), the metrics hook, evaluation on the consensus model and the checkpoint. ``--resume DIR``
+continues from a checkpoint written by ``--output-dir`` (exactly, with the same number of processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+from accelerate import Accelerator
+from char_data import CharDataset, load_text, split, tiny_gpt2, vocabulary_of
+from torch.utils.data import DataLoader
+
+from decentadam import DecentralizedAdam
+from decentadam.checkpoint import load_checkpoint, save_checkpoint
+from decentadam.consensus import averaged
+from decentadam.integrations.accelerate import log_metrics_every, prepare
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--text", help="training text, .txt or .gz, one sentence per line (default: built-in)"
+    )
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per micro-batch and process")
+    parser.add_argument("--block", type=int, default=64, help="characters per sequence")
+    parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=30, help="linear warm-up steps, then inverse sqrt")
+    parser.add_argument("--topology", default="aer", help="complete, ring, one-peer-exp or aer")
+    parser.add_argument("--accum-steps", type=int, default=4, help="AccumAdam window s")
+    parser.add_argument("--log-every", type=int, default=50, help="steps between logs and evaluations")
+    parser.add_argument("--output-dir", help="write a checkpoint here at the end")
+    parser.add_argument("--resume", help="continue from this checkpoint")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    accelerator = Accelerator(gradient_accumulation_steps=args.grad_accum)
+    train_text, val_text = split(load_text(args.text))
+    vocabulary = vocabulary_of(train_text)
+    train_set = CharDataset(train_text, vocabulary, args.block)
+    val_set = CharDataset(val_text, vocabulary, args.block)
+    train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, drop_last=True)
+    val_loader = DataLoader(val_set, batch_size=args.batch_size)
+
+    model = tiny_gpt2(vocabulary, args.block).to(accelerator.device)  # on its device before the optimizer
+    optimizer = DecentralizedAdam(  # decentadam
+        model.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=0.01,
+        accum_steps=args.accum_steps, topology=args.topology,
+    )  # fmt: skip
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda t: min((t + 1) / args.warmup, math.sqrt(args.warmup / (t + 1)))
+    )
+    model, optimizer, train_loader, val_loader, scheduler = prepare(  # decentadam: no DDP
+        accelerator, model, optimizer, train_loader, val_loader, scheduler
+    )
+    log_metrics_every(accelerator, optimizer, every=args.log_every)  # decentadam
+    start_step = 0
+    if args.resume:
+        start_step = int(load_checkpoint(args.resume, model, optimizer, scheduler=scheduler)["step"])
+
+    def evaluate() -> float:
+        with averaged(model, optimizer), torch.no_grad():  # decentadam: the consensus model
+            model.eval()
+            losses = [accelerator.gather(model(**batch).loss.reshape(1)) for batch in val_loader]
+            model.train()
+        return float(torch.cat(losses).mean())
+
+    first_val = evaluate()
+    accelerator.print(
+        f"{accelerator.num_processes} processes, topology {args.topology}: val loss {first_val:.4f}"
+    )
+    step, seconds, window = start_step, [], []
+    while step < args.steps:
+        for batch in train_loader:
+            begin = time.perf_counter()
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), 1.0)  # this rank's gradient norm
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            window.append(loss.detach())
+            if not accelerator.sync_gradients:
+                continue
+            step += 1
+            seconds.append(time.perf_counter() - begin)
+            if step % args.log_every == 0 or step == args.steps:
+                train_loss = float(accelerator.gather(torch.stack(window).mean().reshape(1)).mean())
+                window.clear()
+                distance = optimizer.optimizer.consensus_distance(relative=True)
+                accelerator.print(
+                    f"step {step:5d}  train loss {train_loss:.4f}  val loss {evaluate():.4f}  "
+                    f"consensus distance (relative) {distance:.2e}  "
+                    f"{1e3 * sorted(seconds)[len(seconds) // 2]:.1f} ms/step (median, rank 0)"
+                )
+            if step == args.steps:
+                break
+
+    if args.output_dir:
+        save_checkpoint(
+            args.output_dir, model, optimizer, scheduler=scheduler, extra={"step": step}
+        )  # decentadam
+        accelerator.print(f"saved the consensus model and every rank's state to {args.output_dir}")
+
+
+if __name__ == "__main__":
+    main()

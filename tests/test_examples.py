@@ -1,0 +1,44 @@
+"""The integration examples run as documented (few steps) and resume from their checkpoint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip(
+    "transformers", reason="the examples need transformers and accelerate (pip install '.[hf]')"
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def accelerate_launch(*args: str) -> str:
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "4",
+        "--num_machines", "1", "--dynamo_backend", "no", "--mixed_precision", "no",
+        str(ROOT / "examples" / "accelerate_lm.py"), *args,
+    ]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    process = subprocess.run(command, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-6000:]
+    return process.stdout
+
+
+def test_accelerate_example_trains_saves_and_resumes(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "ckpt"
+    first = accelerate_launch(
+        "--steps", "6", "--log-every", "3", "--block", "32", "--output-dir", str(checkpoint)
+    )
+    assert "4 processes, topology aer" in first
+    lines = [line for line in first.splitlines() if line.startswith("step")]
+    assert [line.split()[1] for line in lines] == ["3", "6"]
+    assert (checkpoint / "model.safetensors").is_file()
+    assert len(list((checkpoint / "decentadam").glob("rank-*.pt"))) == 4
+    resumed = accelerate_launch(
+        "--steps", "8", "--log-every", "2", "--block", "32", "--resume", str(checkpoint)
+    )
+    assert [line.split()[1] for line in resumed.splitlines() if line.startswith("step")] == ["8"]
