@@ -494,8 +494,9 @@ _ORPHANS: list[tuple[Handle, timedelta]] = []  # in flight when their optimizer 
 
 
 def _in_flight(optimizer: DecentralizedAdam) -> list[tuple[Handle, timedelta]]:
-    limit = optimizer.timeout or _EXIT_WAIT
-    return [(b.handle, limit) for b in getattr(optimizer, "_buckets", ()) if b.handle is not None]
+    buckets = getattr(optimizer, "_buckets", ())  # absent when construction failed
+    limit = getattr(optimizer, "timeout", None) or _EXIT_WAIT
+    return [(b.handle, limit) for b in buckets if b.handle is not None]
 
 
 def _wait_at_exit() -> None:

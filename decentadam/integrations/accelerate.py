@@ -145,16 +145,26 @@ def _check_optimizer(
             f"accumulate gradients over {accelerator.gradient_accumulation_steps} micro-batches; use "
             "overlap='step' with gradient_accumulation_steps > 1"
         )
-    devices = {p.device for group in optimizer.param_groups for p in group["params"]}
+    devices = {_canonical(p.device) for group in optimizer.param_groups for p in group["params"]}
     model_moves = any(
         isinstance(o, nn.Module) and p is not False for o, p in zip(objects, placements, strict=True)
     )
-    if model_moves and accelerator.device_placement and devices != {accelerator.device}:
-        wanted = accelerator.device
-        if not (wanted.type == "cpu" and all(d.type == "cpu" for d in devices)):
-            raise ValueError(
-                f"the DecentralizedAdam was built on parameters on {sorted(map(str, devices))}, but "
-                f"Accelerate places the model on {wanted}: its communication buffers would stay behind. "
-                "Move the model first, then build the optimizer: model.to(accelerator.device); "
-                "optimizer = DecentralizedAdam(model.parameters(), ...)"
-            )
+    wanted = accelerator.device
+    if model_moves and accelerator.device_placement and devices != {_canonical(wanted)}:
+        raise ValueError(
+            f"the DecentralizedAdam was built on parameters on {sorted(map(str, devices))}, but "
+            f"Accelerate places the model on {wanted}: its communication buffers would stay behind. "
+            "Move the model first, then build the optimizer: model.to(accelerator.device); "
+            "optimizer = DecentralizedAdam(model.parameters(), ...)"
+        )
+
+
+def _canonical(device: torch.device) -> torch.device:
+    """``cuda`` and ``cuda:0`` are the same place when 0 is the current device; CPU has no index."""
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.index is None:
+        backend = getattr(torch, device.type, None)
+        if backend is not None and hasattr(backend, "current_device"):
+            return torch.device(device.type, backend.current_device())
+    return device
