@@ -115,6 +115,11 @@ class DecentralizedAdam(Optimizer):
             leaves it to the process group's own timeout. With NCCL a timeout makes every wait
             block the CPU until the exchange is done (torch's ``Work.wait`` semantics), so prefer
             ``init_process_group(timeout=...)`` there.
+        hierarchical: sum groups made of whole nodes (AER's inter-node steps, ``complete`` on several
+            nodes) in three phases: reduce-scatter inside each node, all-reduce of each shard across
+            the nodes, all-gather inside each node. A node link then carries ``S`` per direction
+            for a pair of nodes instead of ``2 (2L-1)/(2L) S`` for one ring over all their ranks
+            (see :mod:`decentadam.gossip`). ``False``: one all-reduce over the group.
         communicator: replaces the ``torch.distributed`` collectives (tests, instrumentation).
     """
 
@@ -134,6 +139,7 @@ class DecentralizedAdam(Optimizer):
         overlap: Overlap = "step",
         foreach: bool | None = None,
         timeout: float | None = None,
+        hierarchical: bool = True,
         communicator: Communicator | None = None,
     ) -> None:
         defaults = make_defaults(lr, betas, eps, weight_decay, accum_steps, foreach)
@@ -166,7 +172,9 @@ class DecentralizedAdam(Optimizer):
         if communicator is None:
             if world_size > 1:
                 distributed.check_same_parameters(all_params, process_group)
-                communicator = ProcessGroupCommunicator(self.topology, process_group)
+                communicator = ProcessGroupCommunicator(
+                    self.topology, process_group, hierarchical=hierarchical
+                )
             else:
                 communicator = SingleProcessCommunicator()
         self.communicator = communicator
@@ -182,7 +190,8 @@ class DecentralizedAdam(Optimizer):
         self._hook_handles: list[RemovableHandle] = []
         self._hooks_calibrated = False
         self._broadcast_from_rank0(all_params)
-        if isinstance(communicator, ProcessGroupCommunicator):
+        self._waits_at_exit = isinstance(communicator, ProcessGroupCommunicator)
+        if self._waits_at_exit:
             _LIVE.add(self)  # its last exchanges are waited for at exit
         if overlap == "backward":
             for bucket in self._buckets:
@@ -413,7 +422,8 @@ class DecentralizedAdam(Optimizer):
         self._hooks_calibrated = False
 
     def __del__(self) -> None:
-        _ORPHANS.extend(_in_flight(self))  # keep exchanges in flight alive until exit waits for them
+        if getattr(self, "_waits_at_exit", False):  # keep exchanges in flight alive until exit waits
+            _ORPHANS.extend(_in_flight(self))
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -436,9 +446,11 @@ class DecentralizedAdam(Optimizer):
             buckets.extend(self._new_bucket(index, members) for members in open_buckets.values() if members)
         return buckets
 
-    @staticmethod
-    def _new_bucket(group_index: int, params: list[Tensor]) -> _Bucket:
-        buffer = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+    def _new_bucket(self, group_index: int, params: list[Tensor]) -> _Bucket:
+        # Padded to a multiple of the ranks per node, so a node can split it into equal shards.
+        numel = sum(p.numel() for p in params)
+        padded = -(-numel // self.topology.local_world_size) * self.topology.local_world_size
+        buffer = torch.zeros(padded, dtype=params[0].dtype, device=params[0].device)
         return _Bucket(
             group_index=group_index,
             params=params,

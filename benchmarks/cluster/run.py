@@ -55,6 +55,12 @@ PEER_TOPOLOGY = {
 }
 
 
+H100_UPDATE_MS_PER_MB = 2.7 / 206.7
+"""AccumAdamW(accum_steps=4, foreach) on an H100: 2.7 ms for 51.7M float32 parameters (206.7 MB),
+measured with ``python benchmarks/optimizer_step.py --device cuda``
+(benchmarks/results/optimizer_step_cuda.md)."""
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """Settings of one benchmark run."""
@@ -80,6 +86,8 @@ class BenchConfig:
     """Topologies also run with decent-dp (empty: skip decent-dp)."""
     stragglers: bool = True
     timeout_s: float = 300.0
+    update_ms_per_mb: float = H100_UPDATE_MS_PER_MB
+    """Optimizer arithmetic emulated at this many ms per MB of parameters (0: real, on the CPU)."""
 
     @property
     def world_size(self) -> int:
@@ -92,7 +100,8 @@ class BenchConfig:
     @property
     def name(self) -> str:
         rate = f"{self.rate_mbit / 1000:g}gbit" if self.rate_mbit >= 1000 else f"{self.rate_mbit:g}mbit"
-        return f"cluster_{self.nodes}x{self.ranks_per_node}_{rate}"
+        updates = "" if self.update_ms_per_mb > 0 else "_cpu-updates"
+        return f"cluster_{self.nodes}x{self.ranks_per_node}_{rate}{updates}"
 
 
 @dataclass(frozen=True)
@@ -103,11 +112,14 @@ class Case:
     method: str  # worker method
     topology: str  # runtime-model name: all-reduce | complete | ring | one-peer-exp | aer
     straggler: bool = False
+    hierarchical: bool = True
+    """decentadam: DecentralizedAdam(hierarchical=...) (decent-dp and DDP: one all-reduce per group)."""
 
     @property
     def label(self) -> str:
         what = "All-Reduce" if self.topology == ALLREDUCE else self.topology
-        return f"{self.library} {what}" + (" +straggler" if self.straggler else "")
+        flat = " flat" if self.library == "decentadam" and not self.hierarchical else ""
+        return f"{self.library} {what}{flat}" + (" +straggler" if self.straggler else "")
 
 
 @dataclass
@@ -317,6 +329,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, argparse.Nam
     parser.add_argument("--topologies", help="comma-separated decentadam topologies")
     parser.add_argument("--peer-topologies", help="comma-separated topologies for decent-dp ('' to skip it)")
     parser.add_argument("--no-stragglers", action="store_true")
+    parser.add_argument(
+        "--cpu-updates",
+        action="store_true",
+        help="run the optimizer arithmetic for real on the CPU (default: emulate an H100's update time)",
+    )
     parser.add_argument("--prefix", default="dcab", help="namespace name prefix")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -339,6 +356,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, argparse.Nam
         config = replace(config, peer_topologies=tuple(t for t in args.peer_topologies.split(",") if t))
     if args.no_stragglers:
         config = replace(config, stragglers=False)
+    if args.cpu_updates:
+        config = replace(config, update_ms_per_mb=0.0)
     return config, args
 
 
@@ -347,6 +366,8 @@ def cases_of(config: BenchConfig) -> list[Case]:
     for straggler in (False, True) if config.stragglers else (False,):
         cases.append(Case("torch DDP", "allreduce", ALLREDUCE, straggler))
         cases.extend(Case("decentadam", "ours", t, straggler) for t in config.topologies)
+        if not straggler and "aer" in config.topologies and config.ranks_per_node > 1:
+            cases.append(Case("decentadam", "ours", "aer", straggler, hierarchical=False))
         if not straggler or "aer" in config.peer_topologies:
             peers = config.peer_topologies if not straggler else ("aer",)
             cases.extend(Case("decent-dp", "decent-dp", t, straggler) for t in peers)
@@ -368,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": config.warmup,
         "iters": config.iters,
         "bucket_mb": config.bucket_mb,
+        "update_ms_per_mb": config.update_ms_per_mb,
     }
     started = time.monotonic()
     outcomes: list[Outcome] = []
@@ -410,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
             spec_json = {**base, "method": case.method}
             if case.method == "ours":
                 spec_json["topology"] = case.topology
+                spec_json["hierarchical"] = case.hierarchical
             elif case.method == "decent-dp":
                 spec_json["topology"] = PEER_TOPOLOGY[case.topology]
             if case.straggler:
@@ -434,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                 bucket_bytes=config.bucket_mb * 2**20,
                 overlap="backward" if case.library == "decent-dp" else "step",  # it updates in hooks
                 compute_scale=scale,
+                hierarchical=case.library == "decentadam" and case.hierarchical,
             )
             predicted = predict(case.topology, model_cluster, workload)
             serial = predict(case.topology, model_cluster, replace(workload, update_overlaps_comm=False))

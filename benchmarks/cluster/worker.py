@@ -8,7 +8,14 @@ before handing out the gradient of its parameter, so gradients become ready one 
 during backward exactly as in a real network: DDP's buckets fire (and all-reduce) during backward,
 and sleeping leaves the 2 CPU cores free for the communication threads and for the other ranks.
 Gradients are fixed random tensors (copied into ``.grad`` by autograd each iteration); everything
-after backward (DDP's reduction, the optimizer steps, the mixing) is the real code doing real work.
+after backward (DDP's reduction, the mixing, the buffer copies) is the real code doing real work.
+
+The optimizer arithmetic is device work too. With ``update_ms_per_mb > 0`` it is emulated like the
+compute: torch AdamW, decentadam's AccumAdamW update and decent-dp's AccumAdamW are each replaced by
+a sleep of that many milliseconds per MB of the parameters they update (what a GPU takes), while
+DecentralizedAdam's mixing and send-buffer copies, decent-dp's mixing and copies, and DDP's gradient
+buckets stay real. With 0 they run for real on the CPU, where 8 ranks' steps on 2 cores cost far
+more than on 8 devices.
 
 Methods: ``allreduce`` (torch DDP, gloo, bucket_cap_mb, torch.optim.AdamW(foreach)), ``ours``
 (decentadam.DecentralizedAdam), ``decent-dp`` (decent_dp 0.2.3's DecentralizedDataParallel with its
@@ -64,6 +71,10 @@ class WorkerSpec:
     overlap: str = "step"
     """ours: DecentralizedAdam(overlap=...)."""
     accum_steps: int = 4
+    update_ms_per_mb: float = 0.0
+    """> 0: the optimizer arithmetic sleeps this long per MB of parameters instead of running."""
+    hierarchical: bool = True
+    """ours: DecentralizedAdam(hierarchical=...)."""
 
 
 @dataclass
@@ -132,12 +143,43 @@ def _tbf_sent_bytes() -> int:
     return int(match.group(1)) if match else -1
 
 
+class EmulatedUpdate(torch.optim.Optimizer):
+    """An optimizer whose step takes as long as a device's would on its parameters, and changes nothing."""
+
+    def __init__(self, params: Any, ms_per_mb: float) -> None:
+        super().__init__(params, {})
+        self.ms_per_mb = ms_per_mb
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        time.sleep(_update_seconds([p for g in self.param_groups for p in g["params"]], self.ms_per_mb))
+
+
+def _update_seconds(params: list[Tensor], ms_per_mb: float) -> float:
+    return ms_per_mb / 1e3 * sum(p.numel() * p.element_size() for p in params) / 1e6
+
+
+def emulate_decentadam_update(ms_per_mb: float) -> None:
+    """Replace the AccumAdamW update inside DecentralizedAdam by a sleep; mixing and copies stay real."""
+    import decentadam.decentralized
+
+    def sleeping_update(state: Any, group: dict[str, Any], params: list[Tensor]) -> None:
+        time.sleep(_update_seconds(params, ms_per_mb))
+
+    setattr(decentadam.decentralized, "step_group", sleeping_update)  # noqa: B010
+
+
+def _torch_optimizer(spec: WorkerSpec, params: Any) -> torch.optim.Optimizer:
+    if spec.update_ms_per_mb > 0:
+        return EmulatedUpdate(params, spec.update_ms_per_mb)
+    return torch.optim.AdamW(params, lr=LR, foreach=True)
+
+
 # ---------------------------------------------------------------------------------------- methods
 
 
 def run_allreduce(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> None:
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=spec.bucket_mb)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, foreach=True)
+    optimizer = _torch_optimizer(spec, model.parameters())
 
     def iteration() -> tuple[float, float]:
         optimizer.zero_grad(set_to_none=True)
@@ -160,6 +202,7 @@ def run_ours(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> None
         local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
         bucket_size_mb=spec.bucket_mb,
         overlap="backward" if spec.overlap == "backward" else "step",
+        hierarchical=spec.hierarchical,
     )
 
     def iteration() -> tuple[float, float]:
@@ -186,7 +229,12 @@ def run_decent_dp(spec: WorkerSpec, model: EmulatedModel, result: RankResult) ->
     from decent_dp.ddp import DecentralizedDataParallel
     from decent_dp.optim import optim_fn_accum_adamw
 
-    optim_fn = partial(optim_fn_accum_adamw, lr=LR, weight_decay=0.0, accum_iter=spec.accum_steps)
+    optim_fn: Any = partial(optim_fn_accum_adamw, lr=LR, weight_decay=0.0, accum_iter=spec.accum_steps)
+    if spec.update_ms_per_mb > 0:
+
+        def optim_fn(named: list[tuple[str, Tensor]]) -> torch.optim.Optimizer:
+            return EmulatedUpdate([p for _, p in named], spec.update_ms_per_mb)
+
     wrapped = DecentralizedDataParallel(
         model,
         optim_fn=optim_fn,
@@ -284,7 +332,7 @@ def run_calibrate(spec: WorkerSpec, model: EmulatedModel, result: RankResult) ->
             durations.append(time.perf_counter() - start)
         result.calibration["intra_allreduce_s"] = statistics.median(durations)
         del flat
-    adamw = torch.optim.AdamW(model.parameters(), lr=LR, foreach=True)
+    adamw = _torch_optimizer(spec, model.parameters())
     result.calibration["adamw_s"] = timed(adamw.step)
     del adamw
     ours = DecentralizedAdam(
@@ -306,7 +354,11 @@ def run_calibrate(spec: WorkerSpec, model: EmulatedModel, result: RankResult) ->
     grads = [p.grad for p in params]
     block = torch.empty(sum(p.numel() for p in params))
     comm = torch.zeros_like(block)
-    peer = PeerAccumAdamW([{"params": params, "weight_decay": 0.0}], lr=LR, accum_iter=spec.accum_steps)
+    peer: torch.optim.Optimizer = PeerAccumAdamW(
+        [{"params": params, "weight_decay": 0.0}], lr=LR, accum_iter=spec.accum_steps
+    )
+    if spec.update_ms_per_mb > 0:
+        peer = EmulatedUpdate(params, spec.update_ms_per_mb)
 
     def peer_step() -> None:
         block.mul_(0.5)
@@ -325,6 +377,8 @@ def main() -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=180))
     rank = dist.get_rank()
+    if spec.update_ms_per_mb > 0:
+        emulate_decentadam_update(spec.update_ms_per_mb)
     model = EmulatedModel(spec, rank)
     result = RankResult(rank=rank, start=0.0)
     runners = {
