@@ -115,11 +115,6 @@ class DecentralizedAdam(Optimizer):
             leaves it to the process group's own timeout. With NCCL a timeout makes every wait
             block the CPU until the exchange is done (torch's ``Work.wait`` semantics), so prefer
             ``init_process_group(timeout=...)`` there.
-        hierarchical: sum groups made of whole nodes (AER's inter-node steps, ``complete`` on several
-            nodes) in three phases: reduce-scatter inside each node, all-reduce of each shard across
-            the nodes, all-gather inside each node. A node link then carries ``S`` per direction
-            for a pair of nodes instead of ``2 (2L-1)/(2L) S`` for one ring over all their ranks
-            (see :mod:`decentadam.gossip`). ``False``: one all-reduce over the group.
         communicator: replaces the ``torch.distributed`` collectives (tests, instrumentation).
     """
 
@@ -139,7 +134,6 @@ class DecentralizedAdam(Optimizer):
         overlap: Overlap = "step",
         foreach: bool | None = None,
         timeout: float | None = None,
-        hierarchical: bool = True,
         communicator: Communicator | None = None,
     ) -> None:
         defaults = make_defaults(lr, betas, eps, weight_decay, accum_steps, foreach)
@@ -172,9 +166,7 @@ class DecentralizedAdam(Optimizer):
         if communicator is None:
             if world_size > 1:
                 distributed.check_same_parameters(all_params, process_group)
-                communicator = ProcessGroupCommunicator(
-                    self.topology, process_group, hierarchical=hierarchical
-                )
+                communicator = ProcessGroupCommunicator(self.topology, process_group)
             else:
                 communicator = SingleProcessCommunicator()
         self.communicator = communicator
@@ -446,11 +438,9 @@ class DecentralizedAdam(Optimizer):
             buckets.extend(self._new_bucket(index, members) for members in open_buckets.values() if members)
         return buckets
 
-    def _new_bucket(self, group_index: int, params: list[Tensor]) -> _Bucket:
-        # Padded to a multiple of the ranks per node, so a node can split it into equal shards.
-        numel = sum(p.numel() for p in params)
-        padded = -(-numel // self.topology.local_world_size) * self.topology.local_world_size
-        buffer = torch.zeros(padded, dtype=params[0].dtype, device=params[0].device)
+    @staticmethod
+    def _new_bucket(group_index: int, params: list[Tensor]) -> _Bucket:
+        buffer = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
         return _Bucket(
             group_index=group_index,
             params=params,

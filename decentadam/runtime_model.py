@@ -40,15 +40,6 @@ edge takes ``bytes / B_intra``. The group's time is
 
 with ``a_ring`` the largest latency on the ring. Groups of one rank do not communicate.
 
-DecentralizedAdam sums a group of ``m >= 2`` whole nodes (``L >= 2``) hierarchically (its default,
-``hierarchical=True``; :mod:`decentadam.gossip`): a ring reduce-scatter inside each node (every rank
-sends ``(L-1)/L * S`` over the intra-node link), ``L`` rings of ``m`` ranks across the nodes, one per
-shard of ``S/L`` bytes (each node link carries ``2 (m-1)/m * S`` per direction: ``S`` for AER's
-pair of nodes, where one ring over all ``2L`` ranks carries ``2 (2L-1)/(2L) * S``), and a ring
-all-gather inside each node. The three phases are pipelined over the ``K`` buckets::
-
-    T_G = max(T_rs, T_across, T_ag) + (T_rs + T_across + T_ag - max(...)) / K
-
 Per-iteration time: a max-plus recursion over ranks and steps
 ------------------------------------------------------------
 DecentralizedAdam works bucket by bucket (``K = ceil(S / bucket_mb)`` buckets, each ``S/K`` bytes and
@@ -103,7 +94,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from decentadam.topology import Group, Round, Topology, build, whole_nodes
+from decentadam.topology import Group, Round, Topology, build
 
 __all__ = [
     "ALLREDUCE",
@@ -188,9 +179,6 @@ class Workload:
     """Where DecentralizedAdam updates: ``"step"`` (after backward) or ``"backward"`` (bucket hooks)."""
     compute_scale: tuple[float, ...] = ()
     """Per-rank multipliers of C (a straggler: (1, 2, 1, ...)); empty: all ranks equal."""
-    hierarchical: bool = True
-    """DecentralizedAdam sums groups of whole nodes in three phases (``hierarchical=True``, its
-    default); False: one ring all-reduce per group, as decent-dp and ``hierarchical=False`` do."""
 
     def __post_init__(self) -> None:
         if not self.param_bytes > 0:
@@ -236,34 +224,24 @@ def ring_edges(group: Group) -> list[tuple[int, int]]:
     return [(group[i], group[(i + 1) % len(group)]) for i in range(len(group))]
 
 
-def group_sum_times(
-    groups: Sequence[Group],
-    cluster: Cluster,
-    nbytes: float,
-    *,
-    hierarchical: bool = False,
-    buckets: int = 1,
-) -> dict[Group, float]:
+def group_sum_times(groups: Sequence[Group], cluster: Cluster, nbytes: float) -> dict[Group, float]:
     """Seconds until each concurrent group of a round has summed ``nbytes`` (see the module doc).
 
-    Groups of one rank take 0. Inter-node traffic of all groups shares their nodes' links. With
-    ``hierarchical`` a group of whole nodes takes DecentralizedAdam's three phases instead of one
-    ring, pipelined over ``buckets`` buckets.
+    Groups of one rank take 0. Inter-node ring edges of all groups share their nodes' links.
     """
     out_load = [0.0] * cluster.nodes
     in_load = [0.0] * cluster.nodes
     for group in groups:
-        for a, b, nbytes_edge in _inter_edges(group, cluster, nbytes, hierarchical):
-            out_load[a] += nbytes_edge
-            in_load[b] += nbytes_edge
+        per_edge = 2 * (len(group) - 1) / len(group) * nbytes
+        for a, b in ring_edges(group):
+            na, nb = cluster.node_of(a), cluster.node_of(b)
+            if na != nb:
+                out_load[na] += per_edge
+                in_load[nb] += per_edge
     times: dict[Group, float] = {}
     for group in groups:
         if len(group) < 2:
             times[group] = 0.0
-            continue
-        nodes = whole_nodes(group, cluster.ranks_per_node) if hierarchical else None
-        if nodes is not None:
-            times[group] = _hierarchical_time(group, len(nodes), cluster, nbytes, out_load, in_load, buckets)
             continue
         per_edge = 2 * (len(group) - 1) / len(group) * nbytes
         slowest, latency = 0.0, 0.0
@@ -279,58 +257,10 @@ def group_sum_times(
     return times
 
 
-def _inter_edges(
-    group: Group, cluster: Cluster, nbytes: float, hierarchical: bool
-) -> list[tuple[int, int, float]]:
-    """(from node, to node, bytes) of every inter-node transfer of one group sum."""
-    nodes = whole_nodes(group, cluster.ranks_per_node) if hierarchical else None
-    if nodes is not None:  # L rings of m ranks, one per shard of nbytes / L, node by node
-        m = len(nodes)
-        ring = [cluster.node_of(node[0]) for node in nodes]
-        per_node = 2 * (m - 1) / m * nbytes  # L shards x 2 (m-1)/m x nbytes / L
-        return [(ring[i], ring[(i + 1) % m], per_node) for i in range(m)]
-    per_edge = 2 * (len(group) - 1) / len(group) * nbytes if len(group) > 1 else 0.0
-    edges = [(cluster.node_of(a), cluster.node_of(b)) for a, b in ring_edges(group)]
-    return [(a, b, per_edge) for a, b in edges if a != b]
-
-
-def _hierarchical_time(
-    group: Group,
-    m: int,
-    cluster: Cluster,
-    nbytes: float,
-    out_load: list[float],
-    in_load: list[float],
-    buckets: int,
-) -> float:
-    """Reduce-scatter in each node, all-reduce of the shards across the ``m`` nodes, all-gather.
-
-    The phases of successive buckets overlap (a pipeline of three threads): the slowest phase sets
-    the pace, and the other two add one bucket's worth each, at the start and at the end.
-    """
-    size = cluster.ranks_per_node
-    intra = (size - 1) / size * nbytes / cluster.intra_bytes_per_s + (size - 1) * cluster.intra_latency_s
-    nodes = sorted({cluster.node_of(r) for r in group})
-    across = max(max(out_load[j], in_load[j]) for j in nodes) / cluster.inter_bytes_per_s
-    across += 2 * (m - 1) * cluster.inter_latency_s
-    phases = (intra, across, intra)
-    return max(phases) + (sum(phases) - max(phases)) / buckets
-
-
-def _round_traffic(
-    groups: Round, cluster: Cluster, nbytes: float, hierarchical: bool = False
-) -> tuple[float, float]:
+def _round_traffic(groups: Round, cluster: Cluster, nbytes: float) -> tuple[float, float]:
     """(mean bytes sent per rank, mean inter-node bytes sent per rank) for one round."""
     sent, inter = 0.0, 0.0
-    size = cluster.ranks_per_node
     for group in groups:
-        nodes = whole_nodes(group, size) if hierarchical else None
-        if nodes is not None:
-            m = len(nodes)
-            shard_ring = 2 * (m - 1) / m * nbytes / size  # per rank, all of it across nodes
-            sent += len(group) * (2 * (size - 1) / size * nbytes + shard_ring)
-            inter += len(group) * shard_ring
-            continue
         per_edge = 2 * (len(group) - 1) / len(group) * nbytes if len(group) > 1 else 0.0
         for a, b in ring_edges(group):
             sent += per_edge
@@ -354,12 +284,7 @@ def _simulate_gossip(
     buckets = max(1, math.ceil(work.param_bytes / work.bucket_bytes))
     u = update_s / buckets
     f = work.forward_fraction
-    comm = [
-        group_sum_times(
-            topology.groups(t), cluster, work.param_bytes, hierarchical=work.hierarchical, buckets=buckets
-        )
-        for t in range(topology.period)
-    ]
+    comm = [group_sum_times(topology.groups(t), cluster, work.param_bytes) for t in range(topology.period)]
     ends = [[0.0] * n]
     done = [[0.0] * n for _ in range(buckets)]  # done[k][i]: rank i updated bucket k (exchange starts)
     channel = [0.0] * n  # when rank i's previous exchange finished: its exchanges go one at a time
@@ -426,14 +351,10 @@ def predict(method: str, cluster: Cluster, work: Workload, periods: int = 8) -> 
         iteration = _simulate_gossip(topology, cluster, work, work.update_s, steps)
         bound = _simulate_gossip(topology, cluster, work, 0.0, steps)
     comm, sent, inter = 0.0, 0.0, 0.0
-    buckets = max(1, math.ceil(work.param_bytes / work.bucket_bytes))
     for t in range(topology.period):
-        hierarchical = work.hierarchical and method != ALLREDUCE
-        times = group_sum_times(
-            topology.groups(t), cluster, work.param_bytes, hierarchical=hierarchical, buckets=buckets
-        )
+        times = group_sum_times(topology.groups(t), cluster, work.param_bytes)
         comm += max(times.values())
-        round_sent, round_inter = _round_traffic(topology.rounds[t], cluster, work.param_bytes, hierarchical)
+        round_sent, round_inter = _round_traffic(topology.rounds[t], cluster, work.param_bytes)
         sent += round_sent
         inter += round_inter
     period = topology.period
@@ -548,11 +469,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="the optimizer step and communication share saturated CPU cores (gloo on CPU)",
     )
     parser.add_argument(
-        "--no-hierarchical",
-        action="store_true",
-        help="DecentralizedAdam(hierarchical=False): one ring all-reduce per group of whole nodes",
-    )
-    parser.add_argument(
         "--straggler",
         type=_positive,
         default=1.0,
@@ -642,7 +558,6 @@ def _inputs(args: argparse.Namespace) -> tuple[Cluster, Workload]:
         overlap=args.overlap,
         update_overlaps_comm=not args.update_blocks_comm,
         compute_scale=scale,
-        hierarchical=not args.no_hierarchical,
     )
     return cluster, work
 

@@ -41,7 +41,7 @@ import torch
 Group = tuple[int, ...]
 Round = tuple[Group, ...]
 
-__all__ = ["TOPOLOGIES", "Group", "Round", "Topology", "build", "whole_nodes"]
+__all__ = ["TOPOLOGIES", "Group", "Round", "Topology", "build"]
 
 
 @dataclass(frozen=True)
@@ -126,20 +126,6 @@ class Topology:
             index = torch.tensor(group)
             matrix[index.unsqueeze(1), index.unsqueeze(0)] = 1.0 / len(group)
         return matrix
-
-
-def whole_nodes(group: Group, local_world_size: int) -> list[Group] | None:
-    """The nodes (as rank tuples) that ``group`` consists of, if it is two or more whole nodes of two
-    or more ranks; else None (the group is summed by one all-reduce)."""
-    size = local_world_size
-    if size < 2 or len(group) < 2 * size or len(group) % size:
-        return None
-    nodes = [tuple(group[i : i + size]) for i in range(0, len(group), size)]
-    for node in nodes:
-        first = node[0]
-        if first % size or node != tuple(range(first, first + size)):
-            return None
-    return nodes
 
 
 def _log2_exact(value: int) -> int | None:

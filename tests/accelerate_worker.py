@@ -69,10 +69,8 @@ def loop(out: dict[str, Any]) -> None:
     accelerator = Accelerator(gradient_accumulation_steps=ACCUM, log_with=[tracker])
     accelerator.init_trackers("test")
     model = make_model()
-    # hierarchical=False: the profiler records the training thread's collectives, and hierarchical
-    # sums run on the pipeline's threads
     optimizer = DecentralizedAdam(
-        model.parameters(), lr=1e-2, topology="aer", local_world_size=2, accum_steps=2, hierarchical=False
+        model.parameters(), lr=1e-2, topology="aer", local_world_size=2, accum_steps=2
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0 / (1 + t))
     loader = make_loader(samples=4 * 4 * ACCUM * 8)  # 8 optimizer steps per rank

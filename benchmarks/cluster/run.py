@@ -112,14 +112,11 @@ class Case:
     method: str  # worker method
     topology: str  # runtime-model name: all-reduce | complete | ring | one-peer-exp | aer
     straggler: bool = False
-    hierarchical: bool = True
-    """decentadam: DecentralizedAdam(hierarchical=...) (decent-dp and DDP: one all-reduce per group)."""
 
     @property
     def label(self) -> str:
         what = "All-Reduce" if self.topology == ALLREDUCE else self.topology
-        flat = " flat" if self.library == "decentadam" and not self.hierarchical else ""
-        return f"{self.library} {what}{flat}" + (" +straggler" if self.straggler else "")
+        return f"{self.library} {what}" + (" +straggler" if self.straggler else "")
 
 
 @dataclass
@@ -366,8 +363,6 @@ def cases_of(config: BenchConfig) -> list[Case]:
     for straggler in (False, True) if config.stragglers else (False,):
         cases.append(Case("torch DDP", "allreduce", ALLREDUCE, straggler))
         cases.extend(Case("decentadam", "ours", t, straggler) for t in config.topologies)
-        if not straggler and "aer" in config.topologies and config.ranks_per_node > 1:
-            cases.append(Case("decentadam", "ours", "aer", straggler, hierarchical=False))
         if not straggler or "aer" in config.peer_topologies:
             peers = config.peer_topologies if not straggler else ("aer",)
             cases.extend(Case("decent-dp", "decent-dp", t, straggler) for t in peers)
@@ -432,7 +427,6 @@ def main(argv: list[str] | None = None) -> int:
             spec_json = {**base, "method": case.method}
             if case.method == "ours":
                 spec_json["topology"] = case.topology
-                spec_json["hierarchical"] = case.hierarchical
             elif case.method == "decent-dp":
                 spec_json["topology"] = PEER_TOPOLOGY[case.topology]
             if case.straggler:
@@ -457,7 +451,6 @@ def main(argv: list[str] | None = None) -> int:
                 bucket_bytes=config.bucket_mb * 2**20,
                 overlap="backward" if case.library == "decent-dp" else "step",  # it updates in hooks
                 compute_scale=scale,
-                hierarchical=case.library == "decentadam" and case.hierarchical,
             )
             predicted = predict(case.topology, model_cluster, workload)
             serial = predict(case.topology, model_cluster, replace(workload, update_overlaps_comm=False))

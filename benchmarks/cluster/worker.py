@@ -73,8 +73,6 @@ class WorkerSpec:
     accum_steps: int = 4
     update_ms_per_mb: float = 0.0
     """> 0: the optimizer arithmetic sleeps this long per MB of parameters instead of running."""
-    hierarchical: bool = True
-    """ours: DecentralizedAdam(hierarchical=...)."""
 
 
 @dataclass
@@ -202,7 +200,6 @@ def run_ours(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> None
         local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
         bucket_size_mb=spec.bucket_mb,
         overlap="backward" if spec.overlap == "backward" else "step",
-        hierarchical=spec.hierarchical,
     )
 
     def iteration() -> tuple[float, float]:
@@ -222,6 +219,7 @@ def run_ours(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> None
         bytes_before = optimizer.stats.bytes_sent
 
     _measure(spec, iteration, result, on_start)
+    optimizer.wait_for_exchanges()  # before main() destroys the process groups
     result.bytes_sent = optimizer.stats.bytes_sent - bytes_before
 
 
