@@ -51,9 +51,13 @@ def _updates(config: BenchConfig) -> str:
     )
 
 
-def _find(outcomes: Sequence[Outcome], library: str, topology: str, straggler: bool) -> Outcome | None:
+def _find(
+    outcomes: Sequence[Outcome], library: str, topology: str, straggler: bool, overlap: str = "step"
+) -> Outcome | None:
     for o in outcomes:
-        if o.case.library == library and o.case.topology == topology and o.case.straggler == straggler:
+        case = o.case
+        wanted = (library, topology, straggler, overlap)
+        if (case.library, case.topology, case.straggler, case.overlap) == wanted:
             return o
     return None
 
@@ -97,8 +101,9 @@ def write_report(
         f"`{spec_summary['prefix']}-sw`, tbf {config.rate_mbit:g} Mbit/s on both ends of every node link "
         "(full duplex), MTU 1500; ranks bind to eth0 (GLOO_SOCKET_IFNAME), so same-node peers talk over lo",
         "- methods: torch DDP (gloo, AdamW foreach); decentadam DecentralizedAdam(accum_steps=4, "
-        "overlap='step'); decent-dp 0.2.3 DecentralizedDataParallel + its AccumAdamW(accum_iter=4) "
-        "(installed with --no-deps; its AER is `alternating-exp-ring`)",
+        "overlap='step', and for aer also overlap='backward': updates from backward hooks); decent-dp "
+        "0.2.3 DecentralizedDataParallel + its AccumAdamW(accum_iter=4) (installed with --no-deps; "
+        "its AER is `alternating-exp-ring`)",
         "",
         "## Inputs of the runtime model (measured here, before and apart from the configurations)",
         "",
@@ -199,7 +204,7 @@ def write_report(
             "|---|---:|---:|---:|",
         ]
         for o in slow:
-            base = _find(outcomes, o.case.library, o.case.topology, False)
+            base = _find(outcomes, o.case.library, o.case.topology, False, o.case.overlap)
             if base is not None:
                 lines.append(
                     f"| {base.case.label} | {base.mean_ms:.0f} | {o.mean_ms:.0f} "
@@ -211,16 +216,21 @@ def write_report(
         lines += [
             "## decentadam vs decent-dp 0.2.3 (same topology, same workload)",
             "",
-            "| topology | decentadam mean ms | decent-dp mean ms | decentadam / decent-dp |",
-            "|---|---:|---:|---:|",
+            "| topology | decentadam mean ms | decent-dp mean ms | decentadam / decent-dp "
+            "| decentadam, backward hooks, mean ms | backward hooks / decent-dp |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
         for peer in [o for o in outcomes if o.case.library == "decent-dp"]:
             ours = _find(outcomes, "decentadam", peer.case.topology, peer.case.straggler)
+            hooks = _find(outcomes, "decentadam", peer.case.topology, peer.case.straggler, "backward")
             if ours is not None:
                 tag = " +straggler" if peer.case.straggler else ""
+                hooks_cells = (
+                    f"{hooks.mean_ms:.0f} | {hooks.mean_ms / peer.mean_ms:.2f}x" if hooks else "- | -"
+                )
                 lines.append(
                     f"| {peer.case.topology}{tag} | {ours.mean_ms:.0f} | {peer.mean_ms:.0f} "
-                    f"| {ours.mean_ms / peer.mean_ms:.2f}x |"
+                    f"| {ours.mean_ms / peer.mean_ms:.2f}x | {hooks_cells} |"
                 )
         lines.append("")
     lines += [f"![measured vs predicted]({png.name})", ""]

@@ -112,11 +112,14 @@ class Case:
     method: str  # worker method
     topology: str  # runtime-model name: all-reduce | complete | ring | one-peer-exp | aer
     straggler: bool = False
+    overlap: str = "step"
+    """decentadam: DecentralizedAdam(overlap=...); "backward" updates from hooks, as decent-dp does."""
 
     @property
     def label(self) -> str:
         what = "All-Reduce" if self.topology == ALLREDUCE else self.topology
-        return f"{self.library} {what}" + (" +straggler" if self.straggler else "")
+        hooks = " (backward hooks)" if self.overlap == "backward" else ""
+        return f"{self.library} {what}{hooks}" + (" +straggler" if self.straggler else "")
 
 
 @dataclass
@@ -363,6 +366,8 @@ def cases_of(config: BenchConfig) -> list[Case]:
     for straggler in (False, True) if config.stragglers else (False,):
         cases.append(Case("torch DDP", "allreduce", ALLREDUCE, straggler))
         cases.extend(Case("decentadam", "ours", t, straggler) for t in config.topologies)
+        if "aer" in config.topologies:
+            cases.append(Case("decentadam", "ours", "aer", straggler, overlap="backward"))
         if not straggler or "aer" in config.peer_topologies:
             peers = config.peer_topologies if not straggler else ("aer",)
             cases.extend(Case("decent-dp", "decent-dp", t, straggler) for t in peers)
@@ -427,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
             spec_json = {**base, "method": case.method}
             if case.method == "ours":
                 spec_json["topology"] = case.topology
+                spec_json["overlap"] = case.overlap
             elif case.method == "decent-dp":
                 spec_json["topology"] = PEER_TOPOLOGY[case.topology]
             if case.straggler:
@@ -449,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
                 update_s=update,
                 allreduce_update_s=update,
                 bucket_bytes=config.bucket_mb * 2**20,
-                overlap="backward" if case.library == "decent-dp" else "step",  # it updates in hooks
+                overlap="backward" if case.library == "decent-dp" else case.overlap,  # decent-dp: hooks
                 compute_scale=scale,
             )
             predicted = predict(case.topology, model_cluster, workload)
