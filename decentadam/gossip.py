@@ -7,6 +7,8 @@ NCCL, same code); tests substitute their own implementation to observe or delay 
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from datetime import timedelta
 from typing import Protocol
 
@@ -15,7 +17,15 @@ from torch import Tensor
 
 from decentadam.topology import Group, Topology
 
-__all__ = ["NO_TIMEOUT", "Communicator", "Handle", "ProcessGroupCommunicator", "SingleProcessCommunicator"]
+__all__ = [
+    "NO_TIMEOUT",
+    "Communicator",
+    "ExchangeGroupsReleased",
+    "Handle",
+    "ProcessGroupCommunicator",
+    "SingleProcessCommunicator",
+    "release_exchange_groups",
+]
 
 NO_TIMEOUT = timedelta(0)
 """``Handle.wait(NO_TIMEOUT)`` waits as long as the process group allows (torch's convention)."""
@@ -48,6 +58,10 @@ class Communicator(Protocol):
         ...
 
 
+class ExchangeGroupsReleased(RuntimeError):
+    """An exchange was started after :func:`release_exchange_groups` shut the groups down."""
+
+
 class _Done:
     def wait(self, timeout: timedelta = NO_TIMEOUT) -> object:
         return True
@@ -74,7 +88,9 @@ class ProcessGroupCommunicator:
 
     All sub-groups are created up front, in the topology's fixed order, on every rank of
     ``process_group`` (``torch.distributed.new_group`` is itself collective). Topology rank ``i`` is
-    rank ``i`` of ``process_group``.
+    rank ``i`` of ``process_group``. The exchanges run on sub-groups of their own, even a group of
+    every rank, so that :func:`release_exchange_groups` can shut down exactly the threads that
+    touched the optimizer's buffers.
     """
 
     def __init__(self, topology: Topology, process_group: dist.ProcessGroup | None = None) -> None:
@@ -88,14 +104,12 @@ class ProcessGroupCommunicator:
             )
         self._groups: dict[Group, dist.ProcessGroup] = {}
         for group in topology.distinct_groups():
-            if len(group) == self.world_size:
-                handle = process_group if process_group is not None else dist.group.WORLD
-            else:
-                global_ranks = [self._global_rank(r) for r in group]
-                handle = dist.new_group(global_ranks)
+            handle = dist.new_group([self._global_rank(r) for r in group])
             if self.rank in group:
                 assert handle is not None
                 self._groups[group] = handle
+                _OWNED_GROUPS.append(handle)
+        _LIVE_COMMUNICATORS.add(self)
 
     def _global_rank(self, rank: int) -> int:
         if self.process_group is None:
@@ -103,6 +117,11 @@ class ProcessGroupCommunicator:
         return dist.get_global_rank(self.process_group, rank)
 
     def group_sum(self, tensor: Tensor, group: Group) -> Handle:
+        if not self._groups:
+            raise ExchangeGroupsReleased(
+                "the exchange groups were released (at interpreter exit, or by release_exchange_groups()); "
+                "build a new DecentralizedAdam to train again"
+            )
         work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self._groups[group], async_op=True)
         assert work is not None
         handle: Handle = work
@@ -113,3 +132,28 @@ class ProcessGroupCommunicator:
 
     def broadcast(self, tensor: Tensor, src: int = 0) -> None:
         dist.broadcast(tensor, src=self._global_rank(src), group=self.process_group)
+
+
+_OWNED_GROUPS: list[dist.ProcessGroup] = []  # every exchange group this process created and still holds
+_LIVE_COMMUNICATORS: weakref.WeakSet[ProcessGroupCommunicator] = weakref.WeakSet()
+
+
+def release_exchange_groups() -> None:
+    """Shut down the exchange groups and let go of them, so that their worker threads end now.
+
+    Call it only when no exchange is in flight (the optimizer waits for them at exit, then calls
+    this). A gloo worker thread can still hold a finished exchange's buffer for a moment after
+    ``wait()`` returned; if that moment falls into interpreter shutdown, the thread's release of the
+    buffer needs the GIL, and the process aborts ("terminate called without an active exception";
+    1 of 30 runs of the tests' 4-process Accelerate loop, after it had waited for its exchanges).
+    Destroying the groups joins those threads while the interpreter is still whole.
+    """
+    for communicator in list(_LIVE_COMMUNICATORS):
+        communicator._groups.clear()
+    owned = list(_OWNED_GROUPS)
+    _OWNED_GROUPS.clear()
+    if dist.is_initialized():  # else the user destroyed every group; dropping our references ends them
+        for group in owned:
+            with contextlib.suppress(ValueError):  # "Invalid process group": the user destroyed it
+                dist.destroy_process_group(group)
+    del owned  # the last references: each group's destructor joins its threads here

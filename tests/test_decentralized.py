@@ -6,6 +6,7 @@ import copy
 import math
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -238,6 +239,51 @@ def test_a_failed_peer_stops_the_others_with_a_clear_error(
     assert "a peer process probably died or stalled" in message, message
     assert "ranks (0, 1" in message
     assert seconds < 3.0 + 5.0, f"rank 0 took {seconds:.1f} s to notice (timeout 3 s)"
+
+
+def gloo_workers() -> int:
+    """Threads that run process groups' gloo collectives (and hold each one's buffers while they do)."""
+    tasks = Path("/proc/self/task")
+    names = [(task / "comm").read_text().strip() for task in tasks.iterdir()]
+    return names.count("pt_gloo_runloop")
+
+
+def exit_worker(rank: int, world_size: int, topology: str) -> dict[str, Any]:
+    """What the exit handler does: wait for the exchange in flight, then end the groups' threads."""
+    from decentadam import decentralized
+
+    torch.distributed.barrier()  # the default group starts its workers at its first collective
+    before = gloo_workers()
+    model = make_model(0)
+    optimizer = DecentralizedAdam(model.parameters(), topology=topology, local_world_size=2)
+    during = gloo_workers()
+    for step in range(3):
+        optimizer.zero_grad()
+        loss_of(model, rank, step).backward()
+        optimizer.step()
+    in_flight = len(decentralized._IN_FLIGHT)
+    decentralized._wait_at_exit()
+    after = gloo_workers()
+    loss_of(model, rank, 3).backward()
+    try:
+        optimizer.step()
+        error = "no error"
+    except RuntimeError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return {"before": before, "during": during, "after": after, "in_flight": in_flight, "error": error}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc/self/task (Linux)")
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("topology", "world_size"), [("complete", 2), ("aer", 4)])
+def test_exit_waits_for_exchanges_and_ends_their_threads(topology: str, world_size: int) -> None:
+    # A gloo worker that lets go of a finished exchange during interpreter shutdown aborts the process;
+    # the exit handler must join those threads first: the thread count returns to what it was.
+    for result in run_distributed(exit_worker, world_size, topology):
+        assert result["in_flight"] >= 1, result
+        assert result["during"] > result["before"], result
+        assert result["after"] == result["before"], result
+        assert result["error"].startswith("ExchangeGroupsReleased: the exchange groups were released"), result
 
 
 def test_launched_without_process_group_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
