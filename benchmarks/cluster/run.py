@@ -79,6 +79,8 @@ class BenchConfig:
     warmup: int = 4
     iters: int = 12
     """Measured iterations (a multiple of every period: 2, 3, 4)."""
+    repeats: int = 1
+    """Runs of every configuration, one round of all of them after another (drifts hit all alike)."""
     straggler_factor: float = 2.0
     bucket_mb: float = 25.0
     topologies: tuple[str, ...] = ("complete", "ring", "one-peer-exp", "aer")
@@ -140,6 +142,8 @@ class Outcome:
     """The model with updates and exchanges taking turns on the shared cores (False)."""
     lower_bound_ms: float
     predicted_inter_mb: float
+    run_means_ms: list[float] = field(default_factory=list)
+    """mean ms per iteration of each repeat, in the order they ran (mean_ms is their mean)."""
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @property
@@ -279,30 +283,39 @@ def ensure_decent_dp() -> None:
 # ------------------------------------------------------------------------------------ analysis
 
 
-def summarize(case: Case, raw: dict[str, Any], config: BenchConfig, predicted: Any, serial: Any) -> Outcome:
-    ranks = raw["ranks"]
+def summarize(
+    case: Case, raws: list[dict[str, Any]], config: BenchConfig, predicted: Any, serial: Any
+) -> Outcome:
+    """One case's numbers over its repeats: the mean of the repeats' means, percentiles pooled."""
     iters = config.iters
     deltas: list[float] = []
-    for r in ranks:
-        points = [r["start"], *r["ends"]]
-        deltas.extend(b - a for a, b in itertools.pairwise(points))
-    means = [(r["ends"][-1] - r["start"]) / iters for r in ranks]
-    link = [r["link_bytes_out"] for r in ranks if r["link_bytes_out"] >= 0]
-    buffer = [r["bytes_sent"] for r in ranks]
+    run_means: list[float] = []
+    link: list[int] = []
+    buffer: list[int] = []
+    for raw in raws:
+        ranks = raw["ranks"]
+        for r in ranks:
+            points = [r["start"], *r["ends"]]
+            deltas.extend(b - a for a, b in itertools.pairwise(points))
+        run_means.append(statistics.mean((r["ends"][-1] - r["start"]) / iters for r in ranks))
+        link.extend(r["link_bytes_out"] for r in ranks if r["link_bytes_out"] >= 0)
+        buffer.extend(r["bytes_sent"] for r in ranks)
+    ranks = [r for raw in raws for r in raw["ranks"]]
     return Outcome(
         case=case,
-        mean_ms=statistics.mean(means) * 1e3,
+        mean_ms=statistics.mean(run_means) * 1e3,
         median_ms=statistics.median(deltas) * 1e3,
         p90_ms=_quantile(deltas, 0.9) * 1e3,
         wait_ms=statistics.mean(w for r in ranks for w in r["wait_s"]) * 1e3,
         update_ms=statistics.mean(u for r in ranks for u in r["update_s"]) * 1e3,
-        inter_mb_per_rank=sum(link) / (config.world_size * iters) / 1e6,
+        inter_mb_per_rank=sum(link) / (config.world_size * iters * len(raws)) / 1e6,
         buffer_mb_per_rank=statistics.mean(buffer) / iters / 1e6 if case.library == "decentadam" else None,
         predicted_ms=predicted.iteration_s * 1e3,
         predicted_serial_ms=serial.iteration_s * 1e3,
         lower_bound_ms=predicted.lower_bound_s * 1e3,
         predicted_inter_mb=predicted.inter_bytes_per_rank / 1e6,
-        raw=raw,
+        run_means_ms=[m * 1e3 for m in run_means],
+        raw={"ranks": ranks, "runs": len(raws)},
     )
 
 
@@ -326,6 +339,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, argparse.Nam
     parser.add_argument("--compute-ms", type=float)
     parser.add_argument("--iters", type=int)
     parser.add_argument("--warmup", type=int)
+    parser.add_argument(
+        "--repeats", type=int, help="run every configuration this many times, interleaved (default 1)"
+    )
     parser.add_argument("--topologies", help="comma-separated decentadam topologies")
     parser.add_argument("--peer-topologies", help="comma-separated topologies for decent-dp ('' to skip it)")
     parser.add_argument("--no-stragglers", action="store_true")
@@ -348,6 +364,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, argparse.Nam
         "compute_ms": args.compute_ms,
         "iters": args.iters,
         "warmup": args.warmup,
+        "repeats": args.repeats,
     }
     config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
     if args.topologies is not None:
@@ -358,6 +375,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, argparse.Nam
         config = replace(config, stragglers=False)
     if args.cpu_updates:
         config = replace(config, update_ms_per_mb=0.0)
+    if config.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {config.repeats}")
     return config, args
 
 
@@ -372,6 +391,46 @@ def cases_of(config: BenchConfig) -> list[Case]:
             peers = config.peer_topologies if not straggler else ("aer",)
             cases.extend(Case("decent-dp", "decent-dp", t, straggler) for t in peers)
     return cases
+
+
+def case_spec(case: Case, config: BenchConfig, base: dict[str, Any]) -> dict[str, Any]:
+    """The worker's JSON spec for one case."""
+    spec: dict[str, Any] = {**base, "method": case.method}
+    if case.method == "ours":
+        spec["topology"] = case.topology
+        spec["overlap"] = case.overlap
+    elif case.method == "decent-dp":
+        spec["topology"] = PEER_TOPOLOGY[case.topology]
+    if case.straggler:
+        spec |= {"straggler_rank": config.straggler_rank, "straggler_factor": config.straggler_factor}
+    return spec
+
+
+def predictions(
+    case: Case, config: BenchConfig, calibration: dict[str, float], cluster: Cluster
+) -> tuple[Any, Any]:
+    """The runtime model's (overlapped, serialized) predictions for one case, from measured inputs only."""
+    update = {
+        "torch DDP": calibration["adamw_s"],
+        "decentadam": calibration["ours_update_s"],
+        "decent-dp": calibration.get("decent_dp_update_s", calibration["ours_update_s"]),
+    }[case.library]
+    scale = tuple(
+        config.straggler_factor if case.straggler and r == config.straggler_rank else 1.0
+        for r in range(config.world_size)
+    )
+    workload = Workload(
+        param_bytes=config.param_mb * 1e6,
+        compute_s=config.compute_ms / 1e3,
+        update_s=update,
+        allreduce_update_s=update,
+        bucket_bytes=config.bucket_mb * 2**20,
+        overlap="backward" if case.library == "decent-dp" else case.overlap,  # decent-dp: hooks
+        compute_scale=scale,
+    )
+    predicted = predict(case.topology, cluster, workload)
+    serial = predict(case.topology, cluster, replace(workload, update_overlaps_comm=False))
+    return predicted, serial
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -428,56 +487,33 @@ def main(argv: list[str] | None = None) -> int:
             inter_bytes_per_s=probes["inter"]["bytes_per_s"],
             intra_bytes_per_s=intra_bytes_per_s,
         )
-        for index, case in enumerate(cases_of(config)):
-            spec_json = {**base, "method": case.method}
-            if case.method == "ours":
-                spec_json["topology"] = case.topology
-                spec_json["overlap"] = case.overlap
-            elif case.method == "decent-dp":
-                spec_json["topology"] = PEER_TOPOLOGY[case.topology]
-            if case.straggler:
-                spec_json |= {
-                    "straggler_rank": config.straggler_rank,
-                    "straggler_factor": config.straggler_factor,
-                }
-            update = {
-                "torch DDP": calibration["adamw_s"],
-                "decentadam": calibration["ours_update_s"],
-                "decent-dp": calibration.get("decent_dp_update_s", calibration["ours_update_s"]),
-            }[case.library]
-            scale = tuple(
-                config.straggler_factor if case.straggler and r == config.straggler_rank else 1.0
-                for r in range(config.world_size)
-            )
-            workload = Workload(
-                param_bytes=config.param_mb * 1e6,
-                compute_s=config.compute_ms / 1e3,
-                update_s=update,
-                allreduce_update_s=update,
-                bucket_bytes=config.bucket_mb * 2**20,
-                overlap="backward" if case.library == "decent-dp" else case.overlap,  # decent-dp: hooks
-                compute_scale=scale,
-            )
-            predicted = predict(case.topology, model_cluster, workload)
-            serial = predict(case.topology, model_cluster, replace(workload, update_overlaps_comm=False))
-            logger.info("running %s", case.label)
-            raw = launch(cluster, config, spec_json, 29500 + index, logs)
-            outcome = summarize(case, raw, config, predicted, serial)
-            logger.info(
-                "%s: mean %.0f ms, median %.0f, p90 %.0f, wait %.0f, update %.0f, predicted %.0f (%+.0f%%)"
-                " .. %.0f (%+.0f%%)",
-                case.label,
-                outcome.mean_ms,
-                outcome.median_ms,
-                outcome.p90_ms,
-                outcome.wait_ms,
-                outcome.update_ms,
-                outcome.predicted_ms,
-                outcome.error * 100,
-                outcome.predicted_serial_ms,
-                outcome.serial_error * 100,
-            )
-            outcomes.append(outcome)
+        cases = cases_of(config)
+        runs: list[list[dict[str, Any]]] = [[] for _ in cases]
+        for repeat in range(config.repeats):
+            for index, case in enumerate(cases):
+                logger.info("running %s (run %d of %d)", case.label, repeat + 1, config.repeats)
+                port = 29500 + repeat * len(cases) + index
+                raw = launch(cluster, config, case_spec(case, config, base), port, logs)
+                runs[index].append(raw)
+                models = predictions(case, config, calibration, model_cluster)
+                mean = summarize(case, [raw], config, *models)
+                logger.info(
+                    "%s: mean %.0f ms, median %.0f, p90 %.0f, wait %.0f, update %.0f, "
+                    "predicted %.0f (%+.0f%%) .. %.0f (%+.0f%%)",
+                    case.label,
+                    mean.mean_ms,
+                    mean.median_ms,
+                    mean.p90_ms,
+                    mean.wait_ms,
+                    mean.update_ms,
+                    mean.predicted_ms,
+                    mean.error * 100,
+                    mean.predicted_serial_ms,
+                    mean.serial_error * 100,
+                )
+        for case, raws in zip(cases, runs, strict=True):
+            models = predictions(case, config, calibration, model_cluster)
+            outcomes.append(summarize(case, raws, config, *models))
     elapsed = time.monotonic() - started
     from report import write_report
 

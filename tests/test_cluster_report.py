@@ -1,0 +1,91 @@
+"""The cluster benchmark's bookkeeping over repeated runs, and its report, on made-up worker results."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("matplotlib", reason="the report's plot needs matplotlib (pip install '.[bench]')")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "cluster"))
+
+from report import write_report
+from run import BenchConfig, Case, parse_args, predictions, summarize
+
+from decentadam.runtime_model import ALLREDUCE, Cluster
+
+CONFIG = BenchConfig(nodes=2, ranks_per_node=2, iters=4, repeats=2, stragglers=False)
+CALIBRATION = {"adamw_s": 0.001, "ours_update_s": 0.002}
+CLUSTER = Cluster(nodes=2, ranks_per_node=2, inter_bytes_per_s=118e6, intra_bytes_per_s=2e9)
+
+
+def fake_run(iteration_s: float, link_bytes: int = 4_000_000) -> dict[str, Any]:
+    """Every rank takes ``iteration_s`` per iteration, rank r starting r ms late."""
+    ranks = []
+    for r in range(CONFIG.world_size):
+        start = 10.0 + r * 1e-3
+        ranks.append(
+            {
+                "start": start,
+                "ends": [start + (i + 1) * iteration_s for i in range(CONFIG.iters)],
+                "wait_s": [0.01] * CONFIG.iters,
+                "update_s": [0.02] * CONFIG.iters,
+                "link_bytes_out": link_bytes,
+                "bytes_sent": 8_000_000,
+            }
+        )
+    return {"ranks": ranks}
+
+
+def outcome(case: Case, *iteration_s: float) -> Any:
+    return summarize(
+        case, [fake_run(s) for s in iteration_s], CONFIG, *predictions(case, CONFIG, CALIBRATION, CLUSTER)
+    )
+
+
+def test_repeats_give_the_mean_of_the_runs_and_pool_their_iterations() -> None:
+    o = outcome(Case("decentadam", "ours", "aer"), 0.4, 0.6)
+    assert o.run_means_ms == pytest.approx([400.0, 600.0])
+    assert o.mean_ms == pytest.approx(500.0)
+    assert o.median_ms == pytest.approx(500.0)  # half the iterations took 400 ms, half 600
+    assert o.p90_ms == pytest.approx(600.0)
+    # link bytes are per rank and iteration, whatever the number of runs
+    assert o.inter_mb_per_rank == pytest.approx(4.0 / CONFIG.iters)
+    assert o.buffer_mb_per_rank == pytest.approx(8.0 / CONFIG.iters)
+    assert o.raw["runs"] == 2 and len(o.raw["ranks"]) == 2 * CONFIG.world_size
+
+
+def test_report_states_the_mean_ratio_and_each_run(tmp_path: Path) -> None:
+    ar = outcome(Case("torch DDP", "allreduce", ALLREDUCE), 1.0, 1.2)
+    aer = outcome(Case("decentadam", "ours", "aer"), 0.45, 0.62)
+    md, png, raw = write_report(
+        tmp_path,
+        CONFIG,
+        "run.py --repeats 2",
+        {
+            "inter": {"bytes": 1, "bytes_per_s": 118e6, "tbf_bytes": 1, "streams": 1},
+            "intra": {"bytes": 1, "bytes_per_s": 2e9, "tbf_bytes": 0, "streams": 4},
+        },
+        CALIBRATION,
+        [ar, aer],
+        60.0,
+        {"cpu": "cpu", "cores": "2", "kernel": "k", "python": "3", "torch": "2", "date": "d", "load": "0"},
+        spec_summary={"prefix": "t"},
+    )
+    text = md.read_text()
+    assert "= **0.49x** (target <= 0.5x): PASS; run by run (paired by round): 0.45x, 0.52x" in text
+    assert "| decentadam aer | 535 | 450, 620 |" in text
+    assert "every configuration ran 2 times" in text
+    assert png.stat().st_size > 0
+    saved = json.loads(raw.read_text())
+    assert saved["outcomes"][1]["run_means_ms"] == pytest.approx([450.0, 620.0])
+
+
+def test_repeats_must_be_positive() -> None:
+    assert parse_args(["--repeats", "3"])[0].repeats == 3
+    with pytest.raises(SystemExit):
+        parse_args(["--repeats", "0"])
