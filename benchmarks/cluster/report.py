@@ -167,7 +167,8 @@ def write_report(
         "error = predicted / measured mean - 1. Two predictions from the same inputs: *overlapped* is "
         "the runtime model as for a real cluster (a bucket's exchange travels while later buckets are "
         "updated, the `update_overlaps_comm=True` default); *serialized* assumes the update and the "
-        "communication cannot share this machine's 2 cores, which 8 ranks' optimizer steps saturate "
+        f"communication cannot share this machine's {machine['cores']} cores, which "
+        f"{config.world_size} ranks' optimizer steps saturate "
         "(`update_overlaps_comm=False`). For All-Reduce they coincide (DDP's step needs every reduced "
         "gradient).",
         "",
@@ -199,7 +200,7 @@ def write_report(
             f"DDP, {aer.update_ms:.0f} ms for AER's mix + update + copy. "
             + (
                 "Here the updates are emulated at a GPU's speed, so what is left of them is the real "
-                "mixing and copying of 8 ranks' buffers on the shared cores."
+                f"mixing and copying of {config.world_size} ranks' buffers on the shared cores."
                 if config.update_ms_per_mb > 0
                 else f"On this machine {config.world_size} ranks share {machine['cores']} cores, so "
                 "these real CPU updates are a fixed cost that neither overlap nor topology removes. "
