@@ -7,7 +7,7 @@ NCCL, same code); tests substitute their own implementation to observe or delay 
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import weakref
 from datetime import timedelta
 from typing import Protocol
@@ -16,6 +16,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from decentadam.topology import Group, Topology
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "NO_TIMEOUT",
@@ -154,6 +156,10 @@ def release_exchange_groups() -> None:
     _OWNED_GROUPS.clear()
     if dist.is_initialized():  # else the user destroyed every group; dropping our references ends them
         for group in owned:
-            with contextlib.suppress(ValueError):  # "Invalid process group": the user destroyed it
+            try:
                 dist.destroy_process_group(group)
+            except ValueError:  # "Invalid process group specified": the user destroyed it already
+                pass
+            except RuntimeError as error:  # a backend that fails to shut down: nothing left to save
+                logger.warning("decentadam: could not shut down an exchange group at exit: %s", error)
     del owned  # the last references: each group's destructor joins its threads here
