@@ -510,7 +510,8 @@ def _wait_at_exit() -> None:
     exits with one still running aborted in 3 of 5 runs of the tests' 4-process Accelerate loop
     ("terminate called without an active exception"). Waiting for them first left 1 abort in 30
     runs: a worker thread still let go of the finished exchange during interpreter shutdown (see
-    :func:`~decentadam.gossip.release_exchange_groups`), so the groups are shut down here too.
+    :func:`~decentadam.gossip.release_exchange_groups`), so the groups are shut down here too
+    (with the cores loaded: 0 aborts in 70 runs, against 2 in 30 with the wait alone).
     """
     pending = list(_IN_FLIGHT.items())
     _IN_FLIGHT.clear()
@@ -520,7 +521,6 @@ def _wait_at_exit() -> None:
     except RuntimeError as error:
         logger.warning("DecentralizedAdam: exchanges in flight at exit did not finish: %s", error)
         return
-    del pending
     if not _EXCHANGE_FAILED:  # after a failure a worker thread may still be stuck on a stalled peer,
         release_exchange_groups()  # and shutting its group down would wait for it
 

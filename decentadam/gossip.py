@@ -150,11 +150,13 @@ def release_exchange_groups() -> None:
     1 of 30 runs of the tests' 4-process Accelerate loop, after it had waited for its exchanges).
     Destroying the groups joins those threads while the interpreter is still whole.
     """
+    # Each group's destructor joins its threads once nothing holds it: not the communicators, not
+    # this module, not torch.distributed (destroy_process_group unregisters it).
     for communicator in list(_LIVE_COMMUNICATORS):
         communicator._groups.clear()
     owned = list(_OWNED_GROUPS)
     _OWNED_GROUPS.clear()
-    if dist.is_initialized():  # else the user destroyed every group; dropping our references ends them
+    if dist.is_initialized():  # else the user destroyed every group already
         for group in owned:
             try:
                 dist.destroy_process_group(group)
@@ -162,4 +164,3 @@ def release_exchange_groups() -> None:
                 pass
             except RuntimeError as error:  # a backend that fails to shut down: nothing left to save
                 logger.warning("decentadam: could not shut down an exchange group at exit: %s", error)
-    del owned  # the last references: each group's destructor joins its threads here

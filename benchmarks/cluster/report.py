@@ -271,7 +271,7 @@ def write_report(
                 "probes": probes,
                 "calibration": calibration,
                 "outcomes": [
-                    {**{k: v for k, v in asdict(o).items() if k != "raw"}, "ranks": o.raw["ranks"]}
+                    {**{k: v for k, v in asdict(o).items() if k != "raw"}, "runs": o.raw["runs"]}
                     for o in outcomes
                 ],
             },

@@ -288,19 +288,12 @@ def summarize(
 ) -> Outcome:
     """One case's numbers over its repeats: the mean of the repeats' means, percentiles pooled."""
     iters = config.iters
-    deltas: list[float] = []
-    run_means: list[float] = []
-    link: list[int] = []
-    buffer: list[int] = []
-    for raw in raws:
-        ranks = raw["ranks"]
-        for r in ranks:
-            points = [r["start"], *r["ends"]]
-            deltas.extend(b - a for a, b in itertools.pairwise(points))
-        run_means.append(statistics.mean((r["ends"][-1] - r["start"]) / iters for r in ranks))
-        link.extend(r["link_bytes_out"] for r in ranks if r["link_bytes_out"] >= 0)
-        buffer.extend(r["bytes_sent"] for r in ranks)
-    ranks = [r for raw in raws for r in raw["ranks"]]
+    runs = [raw["ranks"] for raw in raws]
+    ranks = [r for run in runs for r in run]
+    deltas = [b - a for r in ranks for a, b in itertools.pairwise([r["start"], *r["ends"]])]
+    run_means = [statistics.mean((r["ends"][-1] - r["start"]) / iters for r in run) for run in runs]
+    link = [r["link_bytes_out"] for r in ranks if r["link_bytes_out"] >= 0]
+    buffer = [r["bytes_sent"] for r in ranks]
     return Outcome(
         case=case,
         mean_ms=statistics.mean(run_means) * 1e3,
@@ -315,7 +308,7 @@ def summarize(
         lower_bound_ms=predicted.lower_bound_s * 1e3,
         predicted_inter_mb=predicted.inter_bytes_per_rank / 1e6,
         run_means_ms=[m * 1e3 for m in run_means],
-        raw={"ranks": ranks, "runs": len(raws)},
+        raw={"runs": runs},
     )
 
 
@@ -488,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             intra_bytes_per_s=intra_bytes_per_s,
         )
         cases = cases_of(config)
+        models = [predictions(case, config, calibration, model_cluster) for case in cases]
         runs: list[list[dict[str, Any]]] = [[] for _ in cases]
         for repeat in range(config.repeats):
             for index, case in enumerate(cases):
@@ -495,8 +489,7 @@ def main(argv: list[str] | None = None) -> int:
                 port = 29500 + repeat * len(cases) + index
                 raw = launch(cluster, config, case_spec(case, config, base), port, logs)
                 runs[index].append(raw)
-                models = predictions(case, config, calibration, model_cluster)
-                mean = summarize(case, [raw], config, *models)
+                mean = summarize(case, [raw], config, *models[index])
                 logger.info(
                     "%s: mean %.0f ms, median %.0f, p90 %.0f, wait %.0f, update %.0f, "
                     "predicted %.0f (%+.0f%%) .. %.0f (%+.0f%%)",
@@ -511,9 +504,8 @@ def main(argv: list[str] | None = None) -> int:
                     mean.predicted_serial_ms,
                     mean.serial_error * 100,
                 )
-        for case, raws in zip(cases, runs, strict=True):
-            models = predictions(case, config, calibration, model_cluster)
-            outcomes.append(summarize(case, raws, config, *models))
+        for case, raws, model in zip(cases, runs, models, strict=True):
+            outcomes.append(summarize(case, raws, config, *model))
     elapsed = time.monotonic() - started
     from report import write_report
 
