@@ -2,16 +2,28 @@
 
 A :class:`Communicator` sums a flat buffer over one group of ranks, asynchronously, and returns a
 handle to wait on. :class:`ProcessGroupCommunicator` does it with ``torch.distributed`` (gloo or
-NCCL, same code); tests substitute their own implementation to observe or delay the exchange.
+NCCL); tests substitute their own implementation to observe or delay the exchange.
+
+Groups that span several nodes with the same number ``m >= 2`` of ranks on each (AER's node-pair
+groups, ``complete`` on a multi-rank-per-node cluster) are summed hierarchically on gloo: a
+reduce-scatter inside each node (``m`` shards), an all-reduce of each shard across the nodes (one
+"rail" per shard index), an all-gather inside each node. A node's link then carries ``S`` per
+direction for a two-node group instead of the ``2 (2m-1)/(2m) S`` of one flat ring over all its
+members. NCCL groups keep NCCL's own all-reduce (the chained path is tested on gloo only).
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
+import time
 import weakref
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 
@@ -85,6 +97,33 @@ class SingleProcessCommunicator:
         return None
 
 
+@dataclass(frozen=True)
+class _Hierarchy:
+    """How this rank takes part in the hierarchical sum of one group."""
+
+    local_index: int  # this rank's position among its node's members of the group: its shard
+    local_size: int  # m: the group's ranks on every node it spans
+    scatter: dist.ProcessGroup  # this node's members: reduce-scatter (issued by the caller's thread)
+    rail: dist.ProcessGroup  # shard ``local_index`` of every node: all-reduce (issued by the driver)
+    gather: dist.ProcessGroup  # this node's members again: all-gather (issued by the driver)
+
+
+def node_layout(group: Group, local_world_size: int) -> list[Group] | None:
+    """The group's members per node when it can be summed hierarchically, else ``None``.
+
+    That is when it spans at least two nodes with the same number (at least 2) of members on each.
+    """
+    if local_world_size < 2:
+        return None
+    parts: dict[int, list[int]] = {}
+    for rank in group:
+        parts.setdefault(rank // local_world_size, []).append(rank)
+    sizes = {len(members) for members in parts.values()}
+    if len(parts) < 2 or len(sizes) != 1 or sizes == {1}:
+        return None
+    return [tuple(parts[node]) for node in sorted(parts)]
+
+
 class ProcessGroupCommunicator:
     """Collectives on ``torch.distributed`` with one sub-group per distinct topology group.
 
@@ -93,9 +132,23 @@ class ProcessGroupCommunicator:
     rank ``i`` of ``process_group``. The exchanges run on sub-groups of their own, even a group of
     every rank, so that :func:`release_exchange_groups` can shut down exactly the threads that
     touched the optimizer's buffers.
+
+    ``hierarchical`` (default on) sums multi-node groups of CPU tensors in three phases (module
+    docstring). The caller's thread starts the reduce-scatter; a driver thread per communicator
+    waits for it and chains the all-reduce across nodes and the all-gather, so the exchange still
+    travels while the caller computes, and one bucket's all-gather overlaps the next bucket's
+    all-reduce across nodes. Every phase has process groups of its own, used by one thread in the
+    order the caller started the exchanges, so all ranks issue each group's collectives in the
+    same order.
     """
 
-    def __init__(self, topology: Topology, process_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        process_group: dist.ProcessGroup | None = None,
+        *,
+        hierarchical: bool = True,
+    ) -> None:
         self.process_group = process_group
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
@@ -104,13 +157,40 @@ class ProcessGroupCommunicator:
                 f"topology is built for {topology.world_size} ranks but the process group has "
                 f"{self.world_size}"
             )
+        self.hierarchical = hierarchical and dist.get_backend(process_group) != "nccl"
         self._groups: dict[Group, dist.ProcessGroup] = {}
+        self._hierarchy: dict[Group, _Hierarchy] = {}
+        made: dict[tuple[str, Group], dist.ProcessGroup | None] = {}
+
+        def new_group(kind: str, members: Group) -> dist.ProcessGroup | None:
+            # Called on every rank in the same order; one process group per (kind, members).
+            if (kind, members) not in made:
+                handle = dist.new_group([self._global_rank(r) for r in members])
+                made[kind, members] = handle
+                if self.rank in members:
+                    assert handle is not None
+                    _OWNED_GROUPS.append(handle)
+            return made[kind, members] if self.rank in members else None
+
         for group in topology.distinct_groups():
-            handle = dist.new_group([self._global_rank(r) for r in group])
-            if self.rank in group:
-                assert handle is not None
+            handle = new_group("caller", group)
+            if handle is not None:
                 self._groups[group] = handle
-                _OWNED_GROUPS.append(handle)
+            nodes = node_layout(group, topology.local_world_size) if self.hierarchical else None
+            if nodes is None:
+                continue
+            scatter = [new_group("caller", members) for members in nodes]
+            rails = [new_group("rail", tuple(members[j] for members in nodes)) for j in range(len(nodes[0]))]
+            gather = [new_group("gather", members) for members in nodes]
+            for members, mine_scatter, mine_gather in zip(nodes, scatter, gather, strict=True):
+                if self.rank in members:
+                    j = members.index(self.rank)
+                    rail = rails[j]
+                    assert mine_scatter is not None and mine_gather is not None and rail is not None
+                    self._hierarchy[group] = _Hierarchy(j, len(members), mine_scatter, rail, mine_gather)
+        self._shards: dict[tuple[int, int, torch.dtype], Tensor] = {}
+        self._driver: threading.Thread | None = None
+        self._chains: queue.SimpleQueue[_Chain | None] = queue.SimpleQueue()
         _LIVE_COMMUNICATORS.add(self)
 
     def _global_rank(self, rank: int) -> int:
@@ -124,16 +204,113 @@ class ProcessGroupCommunicator:
                 "the exchange groups were released (at interpreter exit, or by release_exchange_groups()); "
                 "build a new DecentralizedAdam to train again"
             )
+        plan = self._hierarchy.get(group)
+        if plan is not None and tensor.device.type == "cpu" and tensor.numel() >= plan.local_size:
+            return self._hierarchical_sum(tensor, group, plan)
         work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self._groups[group], async_op=True)
         assert work is not None
         handle: Handle = work
         return handle
+
+    def _hierarchical_sum(self, tensor: Tensor, group: Group, plan: _Hierarchy) -> Handle:
+        shard_numel = tensor.numel() // plan.local_size
+        body = tensor[: shard_numel * plan.local_size]
+        key = (tensor.data_ptr(), shard_numel, tensor.dtype)
+        shard = self._shards.get(key)
+        if shard is None:  # one per bucket buffer: a buffer has one exchange in flight at a time
+            shard = self._shards[key] = torch.empty(shard_numel, dtype=tensor.dtype)
+        chain = _Chain(body, shard, plan)
+        chain.scatter = _reduce_scatter(shard, body, plan.scatter)
+        if body.numel() < tensor.numel():  # the last numel % m elements: a flat sum of the group
+            chain.tail = dist.all_reduce(tensor[body.numel() :], group=self._groups[group], async_op=True)
+        if self._driver is None:
+            self._driver = threading.Thread(
+                target=_drive, args=(self._chains,), name="decentadam-exchange", daemon=True
+            )
+            self._driver.start()
+        self._chains.put(chain)
+        return chain
+
+    def _stop_driver(self) -> None:
+        if self._driver is not None:
+            self._chains.put(None)
+            self._driver.join(timeout=60)
+            self._driver = None
 
     def world_sum(self, tensor: Tensor) -> None:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.process_group)
 
     def broadcast(self, tensor: Tensor, src: int = 0) -> None:
         dist.broadcast(tensor, src=self._global_rank(src), group=self.process_group)
+
+
+def _reduce_scatter(output: Tensor, input: Tensor, group: dist.ProcessGroup) -> Any:
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # torch < 2.12
+    return scatter(output, input, group=group, async_op=True)
+
+
+def _all_gather(output: Tensor, input: Tensor, group: dist.ProcessGroup) -> Any:
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch < 2.12
+    return gather(output, input, group=group, async_op=True)
+
+
+@dataclass(eq=False)
+class _Chain:
+    """One hierarchical exchange: the handle the caller waits on, and the driver's work list."""
+
+    body: Tensor  # the part of the buffer split into shards (all but the last numel % m elements)
+    shard: Tensor  # this rank's shard of the node's sum, then of the group's sum
+    plan: _Hierarchy | None  # dropped once finished: a handle kept by its bucket must not keep the groups
+    scatter: Any = None  # reduce-scatter work (started by the caller)
+    tail: Any = None  # flat all-reduce of the remainder, if any
+    gathered: Any = None  # all-gather work (started by the driver)
+    error: BaseException | None = None
+    started: threading.Event = field(default_factory=threading.Event)  # the all-gather is issued
+    finished: bool = False
+
+    def wait(self, timeout: timedelta = NO_TIMEOUT) -> object:
+        if self.finished:  # waited for already (as torch's works, a handle may be waited on twice)
+            return True
+        deadline = None if timeout == NO_TIMEOUT else time.monotonic() + timeout.total_seconds()
+
+        def left() -> timedelta:
+            if deadline is None:
+                return NO_TIMEOUT
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RuntimeError(f"hierarchical group sum timed out after {timeout.total_seconds():g} s")
+            return timedelta(seconds=remaining)
+
+        if not self.started.wait(None if deadline is None else left().total_seconds()):
+            left()  # raises
+        if self.error is not None:
+            raise RuntimeError(f"hierarchical group sum failed: {self.error}") from self.error
+        self.gathered.wait(left())
+        if self.tail is not None:
+            self.tail.wait(left())
+        self.scatter = self.gathered = self.tail = self.plan = None  # let go of works and groups
+        self.finished = True
+        return True
+
+
+def _drive(chains: queue.SimpleQueue[_Chain | None]) -> None:
+    """Chain each exchange's phases, in the order the caller started them (one thread per communicator)."""
+    while True:
+        chain = chains.get()
+        if chain is None:
+            return
+        try:
+            assert chain.plan is not None
+            chain.scatter.wait()
+            rail = dist.all_reduce(chain.shard, group=chain.plan.rail, async_op=True)
+            assert rail is not None
+            rail.wait()
+            chain.gathered = _all_gather(chain.body, chain.shard, chain.plan.gather)
+        except BaseException as error:  # handed to the caller's wait()
+            chain.error = error
+        finally:
+            chain.started.set()
+        chain = rail = None  # hold no work between exchanges
 
 
 _OWNED_GROUPS: list[dist.ProcessGroup] = []  # every exchange group this process created and still holds
@@ -153,7 +330,10 @@ def release_exchange_groups() -> None:
     # Each group's destructor joins its threads once nothing holds it: not the communicators, not
     # this module, not torch.distributed (destroy_process_group unregisters it).
     for communicator in list(_LIVE_COMMUNICATORS):
+        communicator._stop_driver()
         communicator._groups.clear()
+        communicator._hierarchy.clear()
+        communicator._shards.clear()
     owned = list(_OWNED_GROUPS)
     _OWNED_GROUPS.clear()
     if dist.is_initialized():  # else the user destroyed every group already

@@ -40,6 +40,18 @@ edge takes ``bytes / B_intra``. The group's time is
 
 with ``a_ring`` the largest latency on the ring. Groups of one rank do not communicate.
 
+Hierarchical group sums (``hierarchical=True``: DecentralizedAdam on gloo)
+----------------------------------------------------------------------
+A group that spans ``q >= 2`` nodes with ``m >= 2`` of its ranks on each is summed in three phases:
+a reduce-scatter inside each node (ring of ``m``: ``(m-1)/m * S`` per edge, at ``B_intra``), an
+all-reduce of each ``S/m`` shard over the ``q`` nodes (``m`` rails, each a ring of ``q`` ranks with
+``2 (q-1)/q * S/m`` per edge; the ``m`` rails of a node share its link, which carries
+``2 (q-1)/q * S`` per direction: ``S`` for AER's two-node groups, against ``2 (2m-1)/(2m) * S`` for
+one flat ring) and an all-gather inside each node (as the reduce-scatter). The phases of successive
+buckets pipeline: a bucket's all-gather and the next bucket's reduce-scatter run while a rail
+carries a bucket, so in the recursion below a bucket occupies its ranks' channel for the slowest
+phase and arrives after all three (``T_G`` is their sum, ``T_G^max`` the slowest).
+
 Per-iteration time: a max-plus recursion over ranks and steps
 ------------------------------------------------------------
 DecentralizedAdam works bucket by bucket (``K = ceil(S / bucket_mb)`` buckets, each ``S/K`` bytes and
@@ -47,10 +59,12 @@ DecentralizedAdam works bucket by bucket (``K = ceil(S / bucket_mb)`` buckets, e
 immediately starts that bucket's exchange with its group ``G`` of step ``t``; the group's buckets
 travel one after the other over its ring, so bucket ``k`` arrives at
 
-    a_Gk(t) = max_{j in G} max(d_jk(t-1), free_j) + T_G / K
+    b_Gk(t) = max_{j in G} max(d_jk(t-1), free_j);   a_Gk(t) = b_Gk(t) + T_G / K
 
-where ``free_j`` is when rank ``j``'s previous exchange (an earlier bucket, or a bucket of the
-previous step still in flight) finished: a rank's exchanges share its links one after the other.
+where ``free_j`` is when rank ``j``'s channel can take the next bucket: ``b_Gk(t) + T_G^max / K``
+after it began the previous one (``T_G^max = T_G`` for a flat ring), so a rank's exchanges (an
+earlier bucket, or a bucket of the previous step still in flight) share its links one after the
+other.
 
 With ``overlap="step"`` the rank computes for ``C_i`` after its last update, then for each bucket in
 turn waits for it, mixes and updates::
@@ -94,6 +108,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from decentadam.gossip import node_layout
 from decentadam.topology import Group, Round, Topology, build
 
 __all__ = [
@@ -102,6 +117,7 @@ __all__ = [
     "Cluster",
     "Prediction",
     "Workload",
+    "group_phase_times",
     "group_sum_times",
     "main",
     "parse_size",
@@ -179,6 +195,8 @@ class Workload:
     """Where DecentralizedAdam updates: ``"step"`` (after backward) or ``"backward"`` (bucket hooks)."""
     compute_scale: tuple[float, ...] = ()
     """Per-rank multipliers of C (a straggler: (1, 2, 1, ...)); empty: all ranks equal."""
+    hierarchical: bool = False
+    """Whether DecentralizedAdam sums multi-node groups hierarchically (it does on gloo, not on NCCL)."""
 
     def __post_init__(self) -> None:
         if not self.param_bytes > 0:
@@ -224,48 +242,85 @@ def ring_edges(group: Group) -> list[tuple[int, int]]:
     return [(group[i], group[(i + 1) % len(group)]) for i in range(len(group))]
 
 
-def group_sum_times(groups: Sequence[Group], cluster: Cluster, nbytes: float) -> dict[Group, float]:
+def group_sum_times(
+    groups: Sequence[Group], cluster: Cluster, nbytes: float, hierarchical: bool = False
+) -> dict[Group, float]:
     """Seconds until each concurrent group of a round has summed ``nbytes`` (see the module doc).
 
-    Groups of one rank take 0. Inter-node ring edges of all groups share their nodes' links.
+    Groups of one rank take 0. Inter-node ring edges of all groups share their nodes' links. With
+    ``hierarchical``, a group that spans nodes evenly takes the sum of its three phases.
     """
+    return {g: sum(phases) for g, phases in group_phase_times(groups, cluster, nbytes, hierarchical).items()}
+
+
+def _rings(
+    group: Group, cluster: Cluster, nbytes: float, hierarchical: bool
+) -> list[list[tuple[Group, float]]]:
+    """The phases of one group sum, each a list of concurrent (ring, bytes per ring edge)."""
+    if len(group) < 2:
+        return []
+    nodes = node_layout(group, cluster.ranks_per_node) if hierarchical else None
+    if nodes is None:
+        return [[(group, 2 * (len(group) - 1) / len(group) * nbytes)]]
+    m, q = len(nodes[0]), len(nodes)
+    intra = [(members, (m - 1) / m * nbytes) for members in nodes]
+    rails = [(tuple(members[j] for members in nodes), 2 * (q - 1) / q * nbytes / m) for j in range(m)]
+    return [intra, rails, intra]
+
+
+def group_phase_times(
+    groups: Sequence[Group], cluster: Cluster, nbytes: float, hierarchical: bool = False
+) -> dict[Group, tuple[float, ...]]:
+    """Seconds of each phase of each concurrent group's sum: one phase for a flat ring, three for a
+    hierarchical sum (reduce-scatter in the nodes, all-reduce across them, all-gather)."""
     out_load = [0.0] * cluster.nodes
     in_load = [0.0] * cluster.nodes
-    for group in groups:
-        per_edge = 2 * (len(group) - 1) / len(group) * nbytes
-        for a, b in ring_edges(group):
-            na, nb = cluster.node_of(a), cluster.node_of(b)
-            if na != nb:
-                out_load[na] += per_edge
-                in_load[nb] += per_edge
-    times: dict[Group, float] = {}
-    for group in groups:
-        if len(group) < 2:
-            times[group] = 0.0
+    phases_of = {group: _rings(group, cluster, nbytes, hierarchical) for group in groups}
+    for phases in phases_of.values():
+        for phase in phases:
+            for ring, per_edge in phase:
+                for a, b in ring_edges(ring):
+                    na, nb = cluster.node_of(a), cluster.node_of(b)
+                    if na != nb:
+                        out_load[na] += per_edge
+                        in_load[nb] += per_edge
+    times: dict[Group, tuple[float, ...]] = {}
+    for group, phases in phases_of.items():
+        if not phases:
+            times[group] = (0.0,)
             continue
-        per_edge = 2 * (len(group) - 1) / len(group) * nbytes
-        slowest, latency = 0.0, 0.0
-        for a, b in ring_edges(group):
-            na, nb = cluster.node_of(a), cluster.node_of(b)
-            if na != nb:
-                slowest = max(slowest, max(out_load[na], in_load[nb]) / cluster.inter_bytes_per_s)
-                latency = max(latency, cluster.inter_latency_s)
-            else:
-                slowest = max(slowest, per_edge / cluster.intra_bytes_per_s)
-                latency = max(latency, cluster.intra_latency_s)
-        times[group] = slowest + 2 * (len(group) - 1) * latency
+        phase_times = []
+        for index, phase in enumerate(phases):
+            # a ring of g ranks: 2 (g-1) messages for an all-reduce, g-1 for a reduce-scatter or all-gather
+            all_reduce = len(phases) == 1 or index == 1
+            seconds = 0.0
+            for ring, per_edge in phase:
+                slowest, latency = 0.0, 0.0
+                for a, b in ring_edges(ring):
+                    na, nb = cluster.node_of(a), cluster.node_of(b)
+                    if na != nb:
+                        slowest = max(slowest, max(out_load[na], in_load[nb]) / cluster.inter_bytes_per_s)
+                        latency = max(latency, cluster.inter_latency_s)
+                    else:
+                        slowest = max(slowest, per_edge / cluster.intra_bytes_per_s)
+                        latency = max(latency, cluster.intra_latency_s)
+                messages = (2 if all_reduce else 1) * (len(ring) - 1)
+                seconds = max(seconds, slowest + messages * latency)
+            phase_times.append(seconds)
+        times[group] = tuple(phase_times)
     return times
 
 
-def _round_traffic(groups: Round, cluster: Cluster, nbytes: float) -> tuple[float, float]:
+def _round_traffic(groups: Round, cluster: Cluster, nbytes: float, hierarchical: bool) -> tuple[float, float]:
     """(mean bytes sent per rank, mean inter-node bytes sent per rank) for one round."""
     sent, inter = 0.0, 0.0
     for group in groups:
-        per_edge = 2 * (len(group) - 1) / len(group) * nbytes if len(group) > 1 else 0.0
-        for a, b in ring_edges(group):
-            sent += per_edge
-            if cluster.node_of(a) != cluster.node_of(b):
-                inter += per_edge
+        for phase in _rings(group, cluster, nbytes, hierarchical):
+            for ring, per_edge in phase:
+                for a, b in ring_edges(ring):
+                    sent += per_edge
+                    if cluster.node_of(a) != cluster.node_of(b):
+                        inter += per_edge
     return sent / cluster.world_size, inter / cluster.world_size
 
 
@@ -284,7 +339,10 @@ def _simulate_gossip(
     buckets = max(1, math.ceil(work.param_bytes / work.bucket_bytes))
     u = update_s / buckets
     f = work.forward_fraction
-    comm = [group_sum_times(topology.groups(t), cluster, work.param_bytes) for t in range(topology.period)]
+    comm = [
+        group_phase_times(topology.groups(t), cluster, work.param_bytes, work.hierarchical)
+        for t in range(topology.period)
+    ]
     ends = [[0.0] * n]
     done = [[0.0] * n for _ in range(buckets)]  # done[k][i]: rank i updated bucket k (exchange starts)
     channel = [0.0] * n  # when rank i's previous exchange finished: its exchanges go one at a time
@@ -295,11 +353,12 @@ def _simulate_gossip(
         ]
         arrived = [[0.0] * n for _ in range(buckets)]
         for k in range(buckets):
-            for group, seconds in comm[t % topology.period].items():
+            for group, phases in comm[t % topology.period].items():
                 if len(group) > 1:
                     began = max(max(done[k][j], channel[j]) for j in group)
                     for i in group:
-                        channel[i] = arrived[k][i] = began + seconds / buckets
+                        arrived[k][i] = began + sum(phases) / buckets
+                        channel[i] = began + max(phases) / buckets
         if not work.update_overlaps_comm:  # no update while any bucket is still on the wire
             arrived = [[max(arrived[k][i] for k in range(buckets)) for i in range(n)]] * buckets
         for k in range(buckets):
@@ -351,10 +410,11 @@ def predict(method: str, cluster: Cluster, work: Workload, periods: int = 8) -> 
         iteration = _simulate_gossip(topology, cluster, work, work.update_s, steps)
         bound = _simulate_gossip(topology, cluster, work, 0.0, steps)
     comm, sent, inter = 0.0, 0.0, 0.0
+    hierarchical = work.hierarchical and method != ALLREDUCE
     for t in range(topology.period):
-        times = group_sum_times(topology.groups(t), cluster, work.param_bytes)
+        times = group_sum_times(topology.groups(t), cluster, work.param_bytes, hierarchical)
         comm += max(times.values())
-        round_sent, round_inter = _round_traffic(topology.rounds[t], cluster, work.param_bytes)
+        round_sent, round_inter = _round_traffic(topology.rounds[t], cluster, work.param_bytes, hierarchical)
         sent += round_sent
         inter += round_inter
     period = topology.period
@@ -469,6 +529,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the optimizer step and communication share saturated CPU cores (gloo on CPU)",
     )
     parser.add_argument(
+        "--hierarchical",
+        action="store_true",
+        help="multi-node groups summed in three phases (DecentralizedAdam on gloo; NCCL: flat rings)",
+    )
+    parser.add_argument(
         "--straggler",
         type=_positive,
         default=1.0,
@@ -558,6 +623,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Cluster, Workload]:
         overlap=args.overlap,
         update_overlaps_comm=not args.update_blocks_comm,
         compute_scale=scale,
+        hierarchical=args.hierarchical,
     )
     return cluster, work
 

@@ -263,7 +263,11 @@ def exit_worker(rank: int, world_size: int, topology: str) -> dict[str, Any]:
         optimizer.step()
     in_flight = len(decentralized._IN_FLIGHT)
     decentralized._wait_at_exit()
-    after = gloo_workers()
+    # A joined thread leaves /proc/self/task a moment after pthread_join returns (the kernel wakes the
+    # joiner before it unlists the task), so on busy cores give the count a few seconds to settle.
+    deadline = time.monotonic() + 5.0
+    while (after := gloo_workers()) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
     loss_of(model, rank, 3).backward()
     try:
         optimizer.step()

@@ -420,6 +420,7 @@ def predictions(
         bucket_bytes=config.bucket_mb * 2**20,
         overlap="backward" if case.library == "decent-dp" else case.overlap,  # decent-dp: hooks
         compute_scale=scale,
+        hierarchical=case.library == "decentadam",  # gloo: DecentralizedAdam's default; decent-dp: flat rings
     )
     predicted = predict(case.topology, cluster, workload)
     serial = predict(case.topology, cluster, replace(workload, update_overlaps_comm=False))
