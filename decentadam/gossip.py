@@ -103,9 +103,10 @@ class _Hierarchy:
 
     local_index: int  # this rank's position among its node's members of the group: its shard
     local_size: int  # m: the group's ranks on every node it spans
-    scatter: dist.ProcessGroup  # this node's members: reduce-scatter (issued by the caller's thread)
+    peers: tuple[int, ...]  # global ranks of this node's members of the group, in local order
+    scatter: dist.ProcessGroup  # this node's members: reduce-scatter sends (issued by the caller's thread)
     rail: dist.ProcessGroup  # shard ``local_index`` of every node: all-reduce (issued by the driver)
-    gather: dist.ProcessGroup  # this node's members again: all-gather (issued by the driver)
+    gather: dist.ProcessGroup  # this node's members again: all-gather sends (issued by the driver)
 
 
 def node_layout(group: Group, local_world_size: int) -> list[Group] | None:
@@ -179,7 +180,8 @@ class ProcessGroupCommunicator:
             nodes = node_layout(group, topology.local_world_size) if self.hierarchical else None
             if nodes is None:
                 continue
-            scatter = [new_group("caller", members) for members in nodes]
+            # point-to-point phases get groups of their own, apart from the groups' all-reduces
+            scatter = [new_group("scatter", members) for members in nodes]
             rails = [new_group("rail", tuple(members[j] for members in nodes)) for j in range(len(nodes[0]))]
             gather = [new_group("gather", members) for members in nodes]
             for members, mine_scatter, mine_gather in zip(nodes, scatter, gather, strict=True):
@@ -187,7 +189,10 @@ class ProcessGroupCommunicator:
                     j = members.index(self.rank)
                     rail = rails[j]
                     assert mine_scatter is not None and mine_gather is not None and rail is not None
-                    self._hierarchy[group] = _Hierarchy(j, len(members), mine_scatter, rail, mine_gather)
+                    peers = tuple(self._global_rank(r) for r in members)
+                    self._hierarchy[group] = _Hierarchy(
+                        j, len(members), peers, mine_scatter, rail, mine_gather
+                    )
         self._shards: dict[tuple[int, int, torch.dtype], Tensor] = {}
         self._driver: threading.Thread | None = None
         self._chains: queue.SimpleQueue[_Chain | None] = queue.SimpleQueue()
@@ -213,14 +218,22 @@ class ProcessGroupCommunicator:
         return handle
 
     def _hierarchical_sum(self, tensor: Tensor, group: Group, plan: _Hierarchy) -> Handle:
-        shard_numel = tensor.numel() // plan.local_size
-        body = tensor[: shard_numel * plan.local_size]
+        m, j = plan.local_size, plan.local_index
+        shard_numel = tensor.numel() // m
+        body = tensor[: shard_numel * m]
         key = (tensor.data_ptr(), shard_numel, tensor.dtype)
-        shard = self._shards.get(key)
-        if shard is None:  # one per bucket buffer: a buffer has one exchange in flight at a time
-            shard = self._shards[key] = torch.empty(shard_numel, dtype=tensor.dtype)
-        chain = _Chain(body, shard, plan)
-        chain.scatter = _reduce_scatter(shard, body, plan.scatter)
+        scratch = self._shards.get(key)
+        if scratch is None:  # one per bucket buffer: a buffer has one exchange in flight at a time
+            scratch = self._shards[key] = torch.empty(m, shard_numel, dtype=tensor.dtype)
+        shards = body.view(m, shard_numel)
+        chain = _Chain(shards, scratch, plan)
+        # Reduce-scatter inside the node as direct sends (gloo's own reduce_scatter copies the whole
+        # input at launch and is slower than an all-reduce): member k gets shard k of every member;
+        # row k of ``scratch`` receives member k's copy of this rank's shard.
+        for k, peer in enumerate(plan.peers):
+            if k != j:
+                chain.scatter.append(dist.irecv(scratch[k], src=peer, group=plan.scatter))
+                chain.scatter.append(dist.isend(shards[k], dst=peer, group=plan.scatter))
         if body.numel() < tensor.numel():  # the last numel % m elements: a flat sum of the group
             chain.tail = dist.all_reduce(tensor[body.numel() :], group=self._groups[group], async_op=True)
         if self._driver is None:
@@ -244,26 +257,16 @@ class ProcessGroupCommunicator:
         dist.broadcast(tensor, src=self._global_rank(src), group=self.process_group)
 
 
-def _reduce_scatter(output: Tensor, input: Tensor, group: dist.ProcessGroup) -> Any:
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # torch < 2.12
-    return scatter(output, input, group=group, async_op=True)
-
-
-def _all_gather(output: Tensor, input: Tensor, group: dist.ProcessGroup) -> Any:
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch < 2.12
-    return gather(output, input, group=group, async_op=True)
-
-
 @dataclass(eq=False)
 class _Chain:
     """One hierarchical exchange: the handle the caller waits on, and the driver's work list."""
 
-    body: Tensor  # the part of the buffer split into shards (all but the last numel % m elements)
-    shard: Tensor  # this rank's shard of the node's sum, then of the group's sum
+    shards: Tensor  # (m, numel // m) view of the buffer: row k is shard k
+    scratch: Tensor  # (m, numel // m): rows k != j receive shard j from member k; row j sums them
     plan: _Hierarchy | None  # dropped once finished: a handle kept by its bucket must not keep the groups
-    scatter: Any = None  # reduce-scatter work (started by the caller)
+    scatter: list[Any] = field(default_factory=list)  # sends and receives of the reduce-scatter
     tail: Any = None  # flat all-reduce of the remainder, if any
-    gathered: Any = None  # all-gather work (started by the driver)
+    gathered: list[Any] = field(default_factory=list)  # sends and receives of the all-gather (driver)
     error: BaseException | None = None
     started: threading.Event = field(default_factory=threading.Event)  # the all-gather is issued
     finished: bool = False
@@ -285,10 +288,11 @@ class _Chain:
             left()  # raises
         if self.error is not None:
             raise RuntimeError(f"hierarchical group sum failed: {self.error}") from self.error
-        self.gathered.wait(left())
+        for work in self.gathered:
+            work.wait(left())
         if self.tail is not None:
             self.tail.wait(left())
-        self.scatter = self.gathered = self.tail = self.plan = None  # let go of works and groups
+        self.scatter, self.gathered, self.tail, self.plan = [], [], None, None  # let go of works, groups
         self.finished = True
         return True
 
@@ -300,17 +304,28 @@ def _drive(chains: queue.SimpleQueue[_Chain | None]) -> None:
         if chain is None:
             return
         try:
-            assert chain.plan is not None
-            chain.scatter.wait()
-            rail = dist.all_reduce(chain.shard, group=chain.plan.rail, async_op=True)
+            plan = chain.plan
+            assert plan is not None
+            j, mine = plan.local_index, chain.scratch[plan.local_index]
+            for work in chain.scatter:
+                work.wait()
+            torch.add(chain.shards[j], chain.scratch[1 if j == 0 else 0], out=mine)  # this node's sum
+            for k in range(2 if j == 0 else 1, plan.local_size):
+                if k != j:
+                    mine.add_(chain.scratch[k])
+            rail = dist.all_reduce(mine, group=plan.rail, async_op=True)
             assert rail is not None
             rail.wait()
-            chain.gathered = _all_gather(chain.body, chain.shard, chain.plan.gather)
+            chain.shards[j].copy_(mine)
+            for k, peer in enumerate(plan.peers):  # all-gather: shard k comes from member k
+                if k != j:
+                    chain.gathered.append(dist.irecv(chain.shards[k], src=peer, group=plan.gather))
+                    chain.gathered.append(dist.isend(mine, dst=peer, group=plan.gather))
         except BaseException as error:  # handed to the caller's wait()
             chain.error = error
         finally:
             chain.started.set()
-        chain = rail = None  # hold no work between exchanges
+        chain = plan = rail = None  # hold no work or group between exchanges
 
 
 _OWNED_GROUPS: list[dist.ProcessGroup] = []  # every exchange group this process created and still holds

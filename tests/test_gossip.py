@@ -63,6 +63,7 @@ def sum_worker(rank: int, world_size: int, topology_name: str, local: int) -> di
         ("aer", 4, 2, [(0, 1, 2, 3)]),
         ("aer", 8, 2, [(0, 1, 2, 3), (0, 1, 4, 5), (2, 3, 6, 7), (4, 5, 6, 7)]),
         ("complete", 8, 2, [tuple(range(8))]),  # rails of 4 nodes
+        ("aer", 8, 4, [tuple(range(8))]),  # 4 ranks per node: 4 shards
         ("ring", 4, 2, []),  # pairs across nodes hold one rank per node: flat sums only
     ],
 )
