@@ -69,7 +69,7 @@ def _find(
     for o in outcomes:
         case = o.case
         wanted = (library, topology, straggler, overlap)
-        if (case.library, case.topology, case.straggler, case.overlap) == wanted:
+        if (case.library, case.topology, case.straggler, case.overlap) == wanted and case.hierarchical:
             return o
     return None
 
@@ -120,7 +120,10 @@ def write_report(
         f"`{spec_summary['prefix']}-sw`, tbf {config.rate_mbit:g} Mbit/s on both ends of every node link "
         "(full duplex), MTU 1500; ranks bind to eth0 (GLOO_SOCKET_IFNAME), so same-node peers talk over lo",
         "- methods: torch DDP (gloo, AdamW foreach); decentadam DecentralizedAdam(accum_steps=4, "
-        "overlap='step', and for aer also overlap='backward': updates from backward hooks); decent-dp "
+        "overlap='step', and for aer also overlap='backward': updates from backward hooks; groups that "
+        "span nodes summed hierarchically, the gloo default: reduce-scatter in the node, all-reduce of "
+        "the shards across nodes, all-gather; 'flat rings' is the same AER with one gloo all-reduce per "
+        "group, as before); decent-dp "
         "0.2.3 DecentralizedDataParallel + its AccumAdamW(accum_iter=4) (installed with --no-deps; "
         "its AER is `alternating-exp-ring`)",
         "",

@@ -116,12 +116,15 @@ class Case:
     straggler: bool = False
     overlap: str = "step"
     """decentadam: DecentralizedAdam(overlap=...); "backward" updates from hooks, as decent-dp does."""
+    hierarchical: bool = True
+    """decentadam: multi-node groups summed hierarchically (default) or by one flat ring."""
 
     @property
     def label(self) -> str:
         what = "All-Reduce" if self.topology == ALLREDUCE else self.topology
         hooks = " (backward hooks)" if self.overlap == "backward" else ""
-        return f"{self.library} {what}{hooks}" + (" +straggler" if self.straggler else "")
+        flat = " (flat rings)" if self.library == "decentadam" and not self.hierarchical else ""
+        return f"{self.library} {what}{hooks}{flat}" + (" +straggler" if self.straggler else "")
 
 
 @dataclass
@@ -380,6 +383,8 @@ def cases_of(config: BenchConfig) -> list[Case]:
         cases.extend(Case("decentadam", "ours", t, straggler) for t in config.topologies)
         if "aer" in config.topologies:
             cases.append(Case("decentadam", "ours", "aer", straggler, overlap="backward"))
+            if not straggler:  # the same run's A/B of the hierarchical group sums
+                cases.append(Case("decentadam", "ours", "aer", straggler, hierarchical=False))
         if not straggler or "aer" in config.peer_topologies:
             peers = config.peer_topologies if not straggler else ("aer",)
             cases.extend(Case("decent-dp", "decent-dp", t, straggler) for t in peers)
@@ -392,6 +397,7 @@ def case_spec(case: Case, config: BenchConfig, base: dict[str, Any]) -> dict[str
     if case.method == "ours":
         spec["topology"] = case.topology
         spec["overlap"] = case.overlap
+        spec["hierarchical"] = case.hierarchical
     elif case.method == "decent-dp":
         spec["topology"] = PEER_TOPOLOGY[case.topology]
     if case.straggler:
@@ -420,7 +426,7 @@ def predictions(
         bucket_bytes=config.bucket_mb * 2**20,
         overlap="backward" if case.library == "decent-dp" else case.overlap,  # decent-dp: hooks
         compute_scale=scale,
-        hierarchical=case.library == "decentadam",  # gloo: DecentralizedAdam's default; decent-dp: flat rings
+        hierarchical=case.library == "decentadam" and case.hierarchical,  # decent-dp: flat rings
     )
     predicted = predict(case.topology, cluster, workload)
     serial = predict(case.topology, cluster, replace(workload, update_overlaps_comm=False))

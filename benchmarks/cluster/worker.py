@@ -42,8 +42,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from decentadam import DecentralizedAdam
-from decentadam.gossip import Handle
-from decentadam.topology import Group
+from decentadam.gossip import Handle, ProcessGroupCommunicator
+from decentadam.topology import Group, build
 
 LR = 1e-4
 
@@ -70,6 +70,8 @@ class WorkerSpec:
     bucket_mb: float = 25.0
     overlap: str = "step"
     """ours: DecentralizedAdam(overlap=...)."""
+    hierarchical: bool = True
+    """ours: multi-node groups summed hierarchically (the default) or by one flat ring (False)."""
     accum_steps: int = 4
     update_ms_per_mb: float = 0.0
     """> 0: the optimizer arithmetic sleeps this long per MB of parameters instead of running."""
@@ -192,14 +194,16 @@ def run_allreduce(spec: WorkerSpec, model: EmulatedModel, result: RankResult) ->
 
 
 def run_ours(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> None:
+    local = int(os.environ["LOCAL_WORLD_SIZE"])
+    topology = build(spec.topology, dist.get_world_size(), local)
     optimizer = DecentralizedAdam(
         model.parameters(),
         lr=LR,
         accum_steps=spec.accum_steps,
-        topology=spec.topology,
-        local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
+        topology=topology,
         bucket_size_mb=spec.bucket_mb,
         overlap="backward" if spec.overlap == "backward" else "step",
+        communicator=ProcessGroupCommunicator(topology, hierarchical=spec.hierarchical),
     )
 
     def iteration() -> tuple[float, float]:
