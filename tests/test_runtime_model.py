@@ -12,6 +12,7 @@ from decentadam.runtime_model import (
     METHODS,
     Cluster,
     Workload,
+    group_phase_times,
     group_sum_times,
     main,
     parse_size,
@@ -57,6 +58,50 @@ def test_aer_inter_node_group_is_a_ring_of_2L_ranks() -> None:
     assert times[(0, 1, 2, 3)] == pytest.approx(2 * 3 / 4 * S / GBIT)  # 1.5 S over the node link
     assert times[(4, 5)] == pytest.approx(S / (10 * GBIT))  # intra-node pair
     assert times[(0, 1, 2, 3)] > times[(4, 5)]
+
+
+def test_hierarchical_aer_group_puts_S_on_the_node_link_in_three_phases() -> None:
+    groups = [(0, 1, 2, 3), (4, 5), (6, 7)]
+    cluster = _cluster(intra=10 * GBIT)
+    phases = group_phase_times(groups, cluster, S, hierarchical=True)
+    # reduce-scatter of S over 2 ranks (S/2 per edge), rails 0<->2 and 1<->3 with S/2 each (the node
+    # link carries both: S per direction), all-gather as the reduce-scatter
+    assert phases[(0, 1, 2, 3)] == pytest.approx((S / 2 / (10 * GBIT), S / GBIT, S / 2 / (10 * GBIT)))
+    assert phases[(4, 5)] == pytest.approx((S / (10 * GBIT),))  # one node: a plain all-reduce
+    total = group_sum_times(groups, cluster, S, hierarchical=True)[(0, 1, 2, 3)]
+    assert total == pytest.approx(S / GBIT + S / (10 * GBIT))
+    assert total < group_sum_times(groups, cluster, S)[(0, 1, 2, 3)]  # the flat ring's 1.5 S
+
+
+def test_hierarchical_complete_uses_rails_of_all_nodes() -> None:
+    world = tuple(range(8))
+    phases = group_phase_times([world], _cluster(intra=1e15), S, hierarchical=True)[world]
+    # 2 rails of 4 nodes, each 2 * 3/4 * S/2 per edge: 1.5 S per node link instead of 1.75 S
+    assert phases[1] == pytest.approx(1.5 * S / GBIT)
+    assert phases[0] == phases[2] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_hierarchical_buckets_pipeline_behind_the_slowest_phase() -> None:
+    # 2 nodes x 2, nothing but communication: the rail (S at 1 Gbit/s, 0.8 s) sets the pace; the
+    # intra-node phases of one bucket hide behind the rail traffic of the others
+    cluster = _cluster(nodes=2, intra=10 * GBIT)
+    work = Workload(param_bytes=S, compute_s=0.0, hierarchical=True)
+    assert predict("complete", cluster, work).iteration_s == pytest.approx(S / GBIT, rel=1e-6)
+    flat = predict("complete", cluster, replace(work, hierarchical=False)).iteration_s
+    assert flat == pytest.approx(1.5 * S / GBIT, rel=1e-6)
+
+
+def test_hierarchical_traffic_and_all_reduce_unchanged() -> None:
+    cluster = _cluster()
+    work = Workload(param_bytes=S, compute_s=0.1, hierarchical=True)
+    aer = predict("aer", cluster, work)
+    # each rank spends 2 of AER's 4 steps in a two-node group and sends S/2 across nodes there
+    assert aer.inter_bytes_per_rank == pytest.approx(S / 4)
+    assert predict("aer", cluster, replace(work, hierarchical=False)).inter_bytes_per_rank == pytest.approx(
+        1.5 * S / 4
+    )
+    # DDP's All-Reduce is torch's own: the flag does not touch it
+    assert predict(ALLREDUCE, cluster, work) == predict(ALLREDUCE, cluster, replace(work, hierarchical=False))
 
 
 def test_latency_adds_two_g_minus_one_messages() -> None:
@@ -204,6 +249,28 @@ def test_cli_prints_table_and_recommendation(capsys: pytest.CaptureFixture[str])
         assert f"| {method} |" in out
     assert "speed-up vs all-reduce" in out
     assert "Use DecentralizedAdam(topology='aer')" in out
+
+
+def test_cli_hierarchical_flag_speeds_up_multi_node_groups(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "--params",
+        "25M",
+        "--compute-ms",
+        "10",
+        "--nodes",
+        "4",
+        "--gpus-per-node",
+        "2",
+        "--inter-gbps",
+        "1",
+    ]
+
+    def aer_ms(extra: list[str]) -> float:
+        assert main(argv + extra) == 0
+        row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| aer |"))
+        return float(row.split("|")[2])
+
+    assert aer_ms(["--hierarchical"]) < aer_ms([])
 
 
 def test_cli_says_all_reduce_when_compute_dominates(capsys: pytest.CaptureFixture[str]) -> None:
