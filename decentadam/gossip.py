@@ -262,7 +262,7 @@ class _Chain:
     """One hierarchical exchange: the handle the caller waits on, and the driver's work list."""
 
     shards: Tensor  # (m, numel // m) view of the buffer: row k is shard k
-    scratch: Tensor  # (m, numel // m): rows k != j receive shard j from member k; row j sums them
+    scratch: Tensor  # (m, numel // m): row k != j receives member k's copy of shard j (row j unused)
     plan: _Hierarchy | None  # dropped once finished: a handle kept by its bucket must not keep the groups
     scatter: list[Any] = field(default_factory=list)  # sends and receives of the reduce-scatter
     tail: Any = None  # flat all-reduce of the remainder, if any
@@ -306,17 +306,16 @@ def _drive(chains: queue.SimpleQueue[_Chain | None]) -> None:
         try:
             plan = chain.plan
             assert plan is not None
-            j, mine = plan.local_index, chain.scratch[plan.local_index]
+            j, mine = plan.local_index, chain.shards[plan.local_index]
             for work in chain.scatter:
                 work.wait()
-            torch.add(chain.shards[j], chain.scratch[1 if j == 0 else 0], out=mine)  # this node's sum
-            for k in range(2 if j == 0 else 1, plan.local_size):
+            # this node's sum of shard j, in place: the reduce-scatter sent every shard but this one
+            for k in range(plan.local_size):
                 if k != j:
                     mine.add_(chain.scratch[k])
             rail = dist.all_reduce(mine, group=plan.rail, async_op=True)
             assert rail is not None
             rail.wait()
-            chain.shards[j].copy_(mine)
             for k, peer in enumerate(plan.peers):  # all-gather: shard k comes from member k
                 if k != j:
                     chain.gathered.append(dist.irecv(chain.shards[k], src=peer, group=plan.gather))

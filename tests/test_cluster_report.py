@@ -62,6 +62,8 @@ def test_repeats_give_the_mean_of_the_runs_and_pool_their_iterations() -> None:
 def test_report_states_the_mean_ratio_and_each_run(tmp_path: Path) -> None:
     ar = outcome(Case("torch DDP", "allreduce", ALLREDUCE), 1.0, 1.2)
     aer = outcome(Case("decentadam", "ours", "aer"), 0.45, 0.62)
+    hooks = outcome(Case("decentadam", "ours", "aer", overlap="backward"), 0.44, 0.55)
+    flat = outcome(Case("decentadam", "ours", "aer", hierarchical=False), 0.2, 0.2)  # not the target case
     md, png, raw = write_report(
         tmp_path,
         CONFIG,
@@ -71,7 +73,7 @@ def test_report_states_the_mean_ratio_and_each_run(tmp_path: Path) -> None:
             "intra": {"bytes": 1, "bytes_per_s": 2e9, "tbf_bytes": 0, "streams": 4},
         },
         CALIBRATION,
-        [ar, aer],
+        [ar, flat, aer, hooks],
         60.0,
         {"cpu": "cpu", "cores": "2", "kernel": "k", "python": "3", "torch": "2", "date": "d", "load": "0"},
         spec_summary={"prefix": "t"},
@@ -79,11 +81,16 @@ def test_report_states_the_mean_ratio_and_each_run(tmp_path: Path) -> None:
     text = md.read_text()
     assert "= **0.49x** (target <= 0.5x): PASS; run by run (paired by round): 0.45x, 0.52x" in text
     assert "| decentadam aer | 535 | 450, 620 |" in text
+    assert "| decentadam aer (flat rings) | 200 | 200, 200 |" in text
+    hooks_line = (
+        "(updates from backward hooks): 495 ms = **0.45x** All-Reduce (PASS; run by run: 0.44x, 0.46x)"
+    )
+    assert hooks_line in text
     assert "every configuration ran 2 times" in text
     assert png.stat().st_size > 0
     saved = json.loads(raw.read_text())
-    assert saved["outcomes"][1]["run_means_ms"] == pytest.approx([450.0, 620.0])
-    assert [len(run) for run in saved["outcomes"][1]["runs"]] == [CONFIG.world_size] * 2
+    assert saved["outcomes"][2]["run_means_ms"] == pytest.approx([450.0, 620.0])
+    assert [len(run) for run in saved["outcomes"][2]["runs"]] == [CONFIG.world_size] * 2
 
 
 def test_repeats_must_be_positive() -> None:
