@@ -285,7 +285,7 @@ class _Chain:
             return timedelta(seconds=remaining)
 
         if not self.started.wait(None if deadline is None else left().total_seconds()):
-            left()  # raises
+            raise RuntimeError(f"hierarchical group sum timed out after {timeout.total_seconds():g} s")
         if self.error is not None:
             raise RuntimeError(f"hierarchical group sum failed: {self.error}") from self.error
         for work in self.gathered:
