@@ -86,9 +86,10 @@ class DecentralizedAdam(Optimizer):
     ``bucket_size_mb``. At the end of step ``t`` each bucket copies ``x_i(t+1)`` into its buffer and
     starts an asynchronous sum over its group of step ``t+1``; the sum travels while the next
     forward/backward computes, and step ``t+1`` waits for it just before mixing. The buffers are the
-    only extra copy of the parameters, except on gloo where a group spans several nodes: such a
-    group is summed hierarchically (see :mod:`decentadam.gossip`), with one more scratch buffer of
-    each bucket's size, so that a node link carries ``S`` instead of a flat ring's ``~2 S``.
+    only extra copy of the parameters, except on gloo where a group spans several nodes with
+    ``m >= 2`` ranks on each: such a group is summed hierarchically (see :mod:`decentadam.gossip`)
+    with a scratch buffer of ``(m-1)/m`` of each bucket's size, so that a node link carries ``S``
+    for a two-node group instead of a flat ring's ``2 (2m-1)/(2m) S`` (1.5 S for ``m = 2``).
 
     ``overlap="backward"`` goes one step further: each bucket is stepped (wait, mix, update, start
     the next exchange) from post-accumulate-grad hooks as soon as its gradients are final, so the

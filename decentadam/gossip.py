@@ -7,7 +7,8 @@ NCCL); tests substitute their own implementation to observe or delay the exchang
 Groups that span several nodes with the same number ``m >= 2`` of ranks on each (AER's node-pair
 groups, ``complete`` on a multi-rank-per-node cluster) are summed hierarchically on gloo: a
 reduce-scatter inside each node (``m`` shards), an all-reduce of each shard across the nodes (one
-"rail" per shard index), an all-gather inside each node. A node's link then carries ``S`` per
+"rail" per shard index), an all-gather inside each node; the two phases inside a node are direct
+sends. A node's link then carries ``S`` per
 direction for a two-node group instead of the ``2 (2m-1)/(2m) S`` of one flat ring over all its
 members. NCCL groups keep NCCL's own all-reduce (the chained path is tested on gloo only).
 """
@@ -224,16 +225,16 @@ class ProcessGroupCommunicator:
         key = (tensor.data_ptr(), shard_numel, tensor.dtype)
         scratch = self._shards.get(key)
         if scratch is None:  # one per bucket buffer: a buffer has one exchange in flight at a time
-            scratch = self._shards[key] = torch.empty(m, shard_numel, dtype=tensor.dtype)
+            scratch = self._shards[key] = torch.empty(m - 1, shard_numel, dtype=tensor.dtype)
         shards = body.view(m, shard_numel)
         chain = _Chain(shards, scratch, plan)
         # Reduce-scatter inside the node as direct sends (gloo's own reduce_scatter copies the whole
-        # input at launch and is slower than an all-reduce): member k gets shard k of every member;
-        # row k of ``scratch`` receives member k's copy of this rank's shard.
-        for k, peer in enumerate(plan.peers):
-            if k != j:
-                chain.scatter.append(dist.irecv(scratch[k], src=peer, group=plan.scatter))
-                chain.scatter.append(dist.isend(shards[k], dst=peer, group=plan.scatter))
+        # input at launch and is slower than an all-reduce): member k gets shard k of every member,
+        # and the rows of ``scratch`` receive the other members' copies of this rank's shard.
+        others = [(k, peer) for k, peer in enumerate(plan.peers) if k != j]
+        for row, (k, peer) in zip(scratch, others, strict=True):
+            chain.scatter.append(dist.irecv(row, src=peer, group=plan.scatter))
+            chain.scatter.append(dist.isend(shards[k], dst=peer, group=plan.scatter))
         if body.numel() < tensor.numel():  # the last numel % m elements: a flat sum of the group
             chain.tail = dist.all_reduce(tensor[body.numel() :], group=self._groups[group], async_op=True)
         if self._driver is None:
@@ -262,7 +263,7 @@ class _Chain:
     """One hierarchical exchange: the handle the caller waits on, and the driver's work list."""
 
     shards: Tensor  # (m, numel // m) view of the buffer: row k is shard k
-    scratch: Tensor  # (m, numel // m): row k != j receives member k's copy of shard j (row j unused)
+    scratch: Tensor  # (m - 1, numel // m): the other members' copies of this rank's shard j
     plan: _Hierarchy | None  # dropped once finished: a handle kept by its bucket must not keep the groups
     scatter: list[Any] = field(default_factory=list)  # sends and receives of the reduce-scatter
     tail: Any = None  # flat all-reduce of the remainder, if any
@@ -275,17 +276,18 @@ class _Chain:
         if self.finished:  # waited for already (as torch's works, a handle may be waited on twice)
             return True
         deadline = None if timeout == NO_TIMEOUT else time.monotonic() + timeout.total_seconds()
+        expired = RuntimeError(f"hierarchical group sum timed out after {timeout.total_seconds():g} s")
 
         def left() -> timedelta:
             if deadline is None:
                 return NO_TIMEOUT
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise RuntimeError(f"hierarchical group sum timed out after {timeout.total_seconds():g} s")
+                raise expired
             return timedelta(seconds=remaining)
 
         if not self.started.wait(None if deadline is None else left().total_seconds()):
-            raise RuntimeError(f"hierarchical group sum timed out after {timeout.total_seconds():g} s")
+            raise expired
         if self.error is not None:
             raise RuntimeError(f"hierarchical group sum failed: {self.error}") from self.error
         for work in self.gathered:
@@ -309,10 +311,8 @@ def _drive(chains: queue.SimpleQueue[_Chain | None]) -> None:
             j, mine = plan.local_index, chain.shards[plan.local_index]
             for work in chain.scatter:
                 work.wait()
-            # this node's sum of shard j, in place: the reduce-scatter sent every shard but this one
-            for k in range(plan.local_size):
-                if k != j:
-                    mine.add_(chain.scratch[k])
+            for row in chain.scratch:  # this node's sum of shard j, in place in the buffer
+                mine.add_(row)
             rail = dist.all_reduce(mine, group=plan.rail, async_op=True)
             assert rail is not None
             rail.wait()

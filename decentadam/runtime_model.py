@@ -43,7 +43,7 @@ with ``a_ring`` the largest latency on the ring. Groups of one rank do not commu
 Hierarchical group sums (``hierarchical=True``: DecentralizedAdam on gloo)
 ----------------------------------------------------------------------
 A group that spans ``q >= 2`` nodes with ``m >= 2`` of its ranks on each is summed in three phases:
-a reduce-scatter inside each node (ring of ``m``: ``(m-1)/m * S`` per edge, at ``B_intra``), an
+a reduce-scatter inside each node (direct sends: ``(m-1)/m * S`` out of each rank, at ``B_intra``), an
 all-reduce of each ``S/m`` shard over the ``q`` nodes (``m`` rails, each a ring of ``q`` ranks with
 ``2 (q-1)/q * S/m`` per edge; the ``m`` rails of a node share its link, which carries
 ``2 (q-1)/q * S`` per direction: ``S`` for AER's two-node groups, against ``2 (2m-1)/(2m) * S`` for
@@ -253,19 +253,22 @@ def group_sum_times(
     return {g: sum(phases) for g, phases in group_phase_times(groups, cluster, nbytes, hierarchical).items()}
 
 
-def _rings(
-    group: Group, cluster: Cluster, nbytes: float, hierarchical: bool
-) -> list[list[tuple[Group, float]]]:
-    """The phases of one group sum, each a list of concurrent (ring, bytes per ring edge)."""
+_Phase = tuple[int, list[tuple[Group, float]]]
+
+
+def _rings(group: Group, cluster: Cluster, nbytes: float, hierarchical: bool) -> list[_Phase]:
+    """The phases of one group sum: (passes, concurrent (ring, bytes per ring edge)), where passes is
+    2 for an all-reduce (2 (g-1) messages around a ring of g) and 1 for a reduce-scatter or an
+    all-gather (g-1 messages)."""
     if len(group) < 2:
         return []
     nodes = node_layout(group, cluster.ranks_per_node) if hierarchical else None
     if nodes is None:
-        return [[(group, 2 * (len(group) - 1) / len(group) * nbytes)]]
+        return [(2, [(group, 2 * (len(group) - 1) / len(group) * nbytes)])]
     m, q = len(nodes[0]), len(nodes)
     intra = [(members, (m - 1) / m * nbytes) for members in nodes]
     rails = [(tuple(members[j] for members in nodes), 2 * (q - 1) / q * nbytes / m) for j in range(m)]
-    return [intra, rails, intra]
+    return [(1, intra), (2, rails), (1, intra)]
 
 
 def group_phase_times(
@@ -277,7 +280,7 @@ def group_phase_times(
     in_load = [0.0] * cluster.nodes
     phases_of = {group: _rings(group, cluster, nbytes, hierarchical) for group in groups}
     for phases in phases_of.values():
-        for phase in phases:
+        for _, phase in phases:
             for ring, per_edge in phase:
                 for a, b in ring_edges(ring):
                     na, nb = cluster.node_of(a), cluster.node_of(b)
@@ -290,9 +293,7 @@ def group_phase_times(
             times[group] = (0.0,)
             continue
         phase_times = []
-        for index, phase in enumerate(phases):
-            # a ring of g ranks: 2 (g-1) messages for an all-reduce, g-1 for a reduce-scatter or all-gather
-            all_reduce = len(phases) == 1 or index == 1
+        for passes, phase in phases:
             seconds = 0.0
             for ring, per_edge in phase:
                 slowest, latency = 0.0, 0.0
@@ -304,8 +305,7 @@ def group_phase_times(
                     else:
                         slowest = max(slowest, per_edge / cluster.intra_bytes_per_s)
                         latency = max(latency, cluster.intra_latency_s)
-                messages = (2 if all_reduce else 1) * (len(ring) - 1)
-                seconds = max(seconds, slowest + messages * latency)
+                seconds = max(seconds, slowest + passes * (len(ring) - 1) * latency)
             phase_times.append(seconds)
         times[group] = tuple(phase_times)
     return times
@@ -315,7 +315,7 @@ def _round_traffic(groups: Round, cluster: Cluster, nbytes: float, hierarchical:
     """(mean bytes sent per rank, mean inter-node bytes sent per rank) for one round."""
     sent, inter = 0.0, 0.0
     for group in groups:
-        for phase in _rings(group, cluster, nbytes, hierarchical):
+        for _, phase in _rings(group, cluster, nbytes, hierarchical):
             for ring, per_edge in phase:
                 for a, b in ring_edges(ring):
                     sent += per_edge

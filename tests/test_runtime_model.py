@@ -230,20 +230,15 @@ def test_parse_size_rejects(text: str) -> None:
         parse_size(text, "--params")
 
 
-def test_cli_prints_table_and_recommendation(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [
-        "--params",
-        "350M",
-        "--compute-ms",
-        "180",
-        "--nodes",
-        "8",
-        "--gpus-per-node",
-        "4",
-        "--inter-gbps",
-        "25",
+def _argv(params: str, compute_ms: int, nodes: int, gpus_per_node: int, inter_gbps: int) -> list[str]:
+    return [
+        *("--params", params, "--compute-ms", str(compute_ms), "--nodes", str(nodes)),
+        *("--gpus-per-node", str(gpus_per_node), "--inter-gbps", str(inter_gbps)),
     ]
-    assert main(argv) == 0
+
+
+def test_cli_prints_table_and_recommendation(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_argv("350M", 180, nodes=8, gpus_per_node=4, inter_gbps=25)) == 0
     out = capsys.readouterr().out
     for method in METHODS:
         assert f"| {method} |" in out
@@ -252,18 +247,7 @@ def test_cli_prints_table_and_recommendation(capsys: pytest.CaptureFixture[str])
 
 
 def test_cli_hierarchical_flag_speeds_up_multi_node_groups(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [
-        "--params",
-        "25M",
-        "--compute-ms",
-        "10",
-        "--nodes",
-        "4",
-        "--gpus-per-node",
-        "2",
-        "--inter-gbps",
-        "1",
-    ]
+    argv = _argv("25M", 10, nodes=4, gpus_per_node=2, inter_gbps=1)
 
     def aer_ms(extra: list[str]) -> float:
         assert main(argv + extra) == 0
