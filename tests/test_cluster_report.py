@@ -36,6 +36,7 @@ def fake_run(iteration_s: float, link_bytes: int = 4_000_000) -> dict[str, Any]:
                 "update_s": [0.02] * CONFIG.iters,
                 "link_bytes_out": link_bytes,
                 "bytes_sent": 8_000_000,
+                "cpu_busy": 0.5 + 0.1 * iteration_s if r == 0 else -1.0,  # rank 0 reads /proc/stat
             }
         )
     return {"ranks": ranks}
@@ -57,6 +58,7 @@ def test_repeats_give_the_mean_of_the_runs_and_pool_their_iterations() -> None:
     assert o.inter_mb_per_rank == pytest.approx(4.0 / CONFIG.iters)
     assert o.buffer_mb_per_rank == pytest.approx(8.0 / CONFIG.iters)
     assert [len(run) for run in o.raw["runs"]] == [CONFIG.world_size] * 2
+    assert o.cpu_busy == pytest.approx(0.55)  # rank 0's share, averaged over the runs
 
 
 def test_report_states_the_mean_ratio_and_each_run(tmp_path: Path) -> None:
@@ -70,6 +72,7 @@ def test_report_states_the_mean_ratio_and_each_run(tmp_path: Path) -> None:
         "run.py --repeats 2",
         {
             "inter": {"bytes": 1, "bytes_per_s": 118e6, "tbf_bytes": 1, "streams": 1},
+            "duplex": {"bytes": 2, "bytes_per_s": 117e6, "tbf_bytes": 2, "streams": 2},
             "intra": {"bytes": 1, "bytes_per_s": 2e9, "tbf_bytes": 0, "streams": 4},
         },
         CALIBRATION,
@@ -77,6 +80,7 @@ def test_report_states_the_mean_ratio_and_each_run(tmp_path: Path) -> None:
         60.0,
         {"cpu": "cpu", "cores": "2", "kernel": "k", "python": "3", "torch": "2", "date": "d", "load": "0"},
         spec_summary={"prefix": "t"},
+        alone={"aer": {"measured_ms": 321.0, "predicted_ms": 300.0, "cpu_busy": 0.74, "wait_ms": 320.0}},
     )
     text = md.read_text()
     assert "= **0.49x** (target <= 0.5x): PASS; run by run (paired by round): 0.45x, 0.52x" in text
@@ -87,6 +91,10 @@ def test_report_states_the_mean_ratio_and_each_run(tmp_path: Path) -> None:
     )
     assert hooks_line in text
     assert "every configuration ran 2 times" in text
+    assert "| aer | 321 | 300 | -6.5% | 74% |" in text  # exchanges alone
+    assert "take 321 ms per step: " in text
+    assert "cores were 55% busy during AER's measured iterations (61% during All-Reduce's" in text
+    assert "| TCP node 0 <-> node 1 (one stream each way at once), per stream: B_inter | 117.0 MB/s |" in text
     assert png.stat().st_size > 0
     saved = json.loads(raw.read_text())
     assert saved["outcomes"][2]["run_means_ms"] == pytest.approx([450.0, 620.0])

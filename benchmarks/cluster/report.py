@@ -26,8 +26,8 @@ def _table(outcomes: Sequence[Outcome], baseline: Outcome | None) -> list[str]:
         "| update ms/iter "
         "| inter-node MB/rank/iter (tc) | predicted inter-node MB | buffer MB/rank/iter "
         "| predicted ms, overlapped | error | predicted ms, serialized | error | lower bound ms "
-        "| vs All-Reduce |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| vs All-Reduce | host CPU busy |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for o in outcomes:
         versus = f"{o.mean_ms / baseline.mean_ms:.2f}x" if baseline is not None else "-"
@@ -37,9 +37,13 @@ def _table(outcomes: Sequence[Outcome], baseline: Outcome | None) -> list[str]:
             f"| {o.update_ms:.0f} | {o.inter_mb_per_rank:.1f} | {o.predicted_inter_mb:.1f} "
             f"| {_fmt(o.buffer_mb_per_rank, 1)} | {o.predicted_ms:.0f} | {o.error * 100:+.1f}% "
             f"| {o.predicted_serial_ms:.0f} | {o.serial_error * 100:+.1f}% | {o.lower_bound_ms:.0f} "
-            f"| {versus} |"
+            f"| {versus} | {_percent(o.cpu_busy)} |"
         )
     return lines
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
 
 
 def _runs(o: Outcome) -> str:
@@ -63,6 +67,29 @@ def _updates(config: BenchConfig) -> str:
     )
 
 
+def _alone_section(alone: dict[str, dict[str, float]]) -> list[str]:
+    if not alone:
+        return []
+    lines = [
+        "## Exchanges alone (no compute, no update)",
+        "",
+        "Each decentadam topology's group sums of the bucketed parameters, step after step, with "
+        "nothing else running (`worker.py` method `exchange`: C = 0, no optimizer, hierarchical sums; "
+        "measured before the configurations). Predicted: the runtime model from the inputs above with "
+        "C = 0 and U = 0, i.e. its communication term alone.",
+        "",
+        "| topology | measured ms/step | predicted ms/step | error | host CPU busy |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for topology, row in alone.items():
+        error = row["predicted_ms"] / row["measured_ms"] - 1.0
+        lines.append(
+            f"| {topology} | {row['measured_ms']:.0f} | {row['predicted_ms']:.0f} | {error * 100:+.1f}% "
+            f"| {_percent(row['cpu_busy'])} |"
+        )
+    return [*lines, ""]
+
+
 def _find(
     outcomes: Sequence[Outcome], library: str, topology: str, straggler: bool, overlap: str = "step"
 ) -> Outcome | None:
@@ -84,6 +111,7 @@ def write_report(
     elapsed_s: float,
     machine: dict[str, str],
     spec_summary: dict[str, Any],
+    alone: dict[str, dict[str, float]] | None = None,
 ) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / config.name
@@ -133,6 +161,14 @@ def write_report(
         "|---|---:|---:|",
         f"| TCP node 0 -> node 1 (one stream, {probes['inter']['bytes'] / 1e6:.0f} MB) "
         f"| {probes['inter']['bytes_per_s'] / 1e6:.1f} MB/s | {probes['inter']['tbf_bytes']:,} |",
+        *(
+            [
+                f"| TCP node 0 <-> node 1 (one stream each way at once), per stream: B_inter "
+                f"| {probes['duplex']['bytes_per_s'] / 1e6:.1f} MB/s | {probes['duplex']['tbf_bytes']:,} |"
+            ]
+            if "duplex" in probes
+            else []
+        ),
         f"| TCP inside every node at once ({probes['intra']['streams']} loopback streams, "
         f"{probes['intra']['bytes'] / 1e6:.0f} MB), per stream "
         f"| {probes['intra']['bytes_per_s'] / 1e6:.1f} MB/s | {probes['intra']['tbf_bytes']:,} |",
@@ -155,11 +191,19 @@ def write_report(
         "",
         "The inter-node probe moves its bytes (plus ~4.5% TCP/IP/Ethernet headers) through the tbf "
         "qdiscs; the same-node probes move (almost) none through them: intra-node traffic avoids the "
-        "shaping, inter-node traffic goes through it. The model uses the inter-node probe's payload rate "
-        "as B_inter, B_intra from gloo's intra-node all-reduce (the Python probe is CPU-bound and only "
+        "shaping, inter-node traffic goes through it. The model uses the "
+        + (
+            "two-way probe's per-stream payload rate as B_inter (in every configuration here a node "
+            "link carries data both ways at once, and each direction also carries the other "
+            "stream's ACKs)"
+            if "duplex" in probes
+            else "inter-node probe's payload rate as B_inter"
+        )
+        + ", B_intra from gloo's intra-node all-reduce (the Python probe is CPU-bound and only "
         "shows the path), latency 0, and the calibrated step times as U "
         "(`decentadam/runtime_model.py` documents the formulas).",
         "",
+        *_alone_section(alone or {}),
         "## Results",
         "",
         "comm wait: decentadam = time blocked in `wait()` for exchanges (CommStats.wait_seconds); DDP and "
@@ -200,6 +244,25 @@ def write_report(
             f"- AER vs the model's lower bound max(C, comm) (the recursion with free optimizer steps, "
             f"{aer.lower_bound_ms:.0f} ms): **{bound:.2f}x** (target <= {BOUND_TARGET_RATIO}x): "
             f"{'PASS' if bound <= BOUND_TARGET_RATIO else 'MISS'}; run by run: {per_run_bound}",
+            *(
+                [
+                    f"- AER's exchanges alone (no compute, no update; section above) take "
+                    f"{alone['aer']['measured_ms']:.0f} ms per step: "
+                    f"{alone['aer']['measured_ms'] / aer.lower_bound_ms:.2f}x that bound before any "
+                    "training work shares the cores"
+                ]
+                if alone and "aer" in alone
+                else []
+            ),
+            *(
+                [
+                    f"- the machine's {machine['cores']} cores were {aer.cpu_busy:.0%} busy during AER's "
+                    f"measured iterations ({ar.cpu_busy:.0%} during All-Reduce's; /proc/stat, idle and "
+                    "iowait counted as not busy)"
+                ]
+                if aer.cpu_busy is not None and ar.cpu_busy is not None
+                else []
+            ),
             *(
                 [
                     f"- the same for AER with `overlap='backward'` (updates from backward hooks): "
@@ -286,6 +349,7 @@ def write_report(
                 "machine": machine,
                 "probes": probes,
                 "calibration": calibration,
+                "exchange_alone": alone or {},
                 "outcomes": [
                     {**{k: v for k, v in asdict(o).items() if k != "raw"}, "runs": o.raw["runs"]}
                     for o in outcomes

@@ -145,6 +145,8 @@ class Outcome:
     """The model with updates and exchanges taking turns on the shared cores (False)."""
     lower_bound_ms: float
     predicted_inter_mb: float
+    cpu_busy: float | None = None
+    """Share of the machine's cores busy during the measured iterations (mean over runs)."""
     run_means_ms: list[float] = field(default_factory=list)
     """mean ms per iteration of each repeat, in the order they ran (mean_ms is their mean)."""
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
@@ -297,6 +299,7 @@ def summarize(
     run_means = [statistics.mean((r["ends"][-1] - r["start"]) / iters for r in run) for run in runs]
     link = [r["link_bytes_out"] for r in ranks if r["link_bytes_out"] >= 0]
     buffer = [r["bytes_sent"] for r in ranks]
+    busy = [r["cpu_busy"] for r in ranks if r.get("cpu_busy", -1.0) >= 0]
     return Outcome(
         case=case,
         mean_ms=statistics.mean(run_means) * 1e3,
@@ -310,6 +313,7 @@ def summarize(
         predicted_serial_ms=serial.iteration_s * 1e3,
         lower_bound_ms=predicted.lower_bound_s * 1e3,
         predicted_inter_mb=predicted.inter_bytes_per_rank / 1e6,
+        cpu_busy=statistics.mean(busy) if busy else None,
         run_means_ms=[m * 1e3 for m in run_means],
         raw={"runs": runs},
     )
@@ -405,6 +409,45 @@ def case_spec(case: Case, config: BenchConfig, base: dict[str, Any]) -> dict[str
     return spec
 
 
+def exchange_alone(
+    cluster: EmulatedCluster, config: BenchConfig, base: dict[str, Any], model: Cluster, logs: Path
+) -> dict[str, dict[str, float]]:
+    """Each decentadam topology's exchanges with no compute and no update, measured and predicted.
+
+    The model's prediction is the same recursion with C = 0 and U = 0: what it says the network
+    alone costs per iteration. The gap to the measurement is the communicator's and the machine's
+    own overhead, before any training work competes for the cores.
+    """
+    alone: dict[str, dict[str, float]] = {}
+    for index, topology in enumerate(config.topologies):
+        logger.info("exchanges alone: %s", topology)
+        spec = {**base, "method": "exchange", "topology": topology, "compute_ms": 0.0}
+        raw = launch(cluster, config, spec, 29450 + index, logs)
+        ranks = raw["ranks"]
+        measured = statistics.mean((r["ends"][-1] - r["start"]) / config.iters for r in ranks)
+        work = Workload(
+            param_bytes=config.param_mb * 1e6,
+            compute_s=0.0,
+            bucket_bytes=config.bucket_mb * 2**20,
+            hierarchical=True,
+        )
+        predicted = predict(topology, model, work)
+        alone[topology] = {
+            "measured_ms": measured * 1e3,
+            "predicted_ms": predicted.iteration_s * 1e3,
+            "cpu_busy": ranks[0]["cpu_busy"],
+            "wait_ms": statistics.mean(w for r in ranks for w in r["wait_s"]) * 1e3,
+        }
+        logger.info(
+            "%s alone: %.0f ms per step, predicted %.0f, CPU %.0f%% busy",
+            topology,
+            alone[topology]["measured_ms"],
+            alone[topology]["predicted_ms"],
+            ranks[0]["cpu_busy"] * 100,
+        )
+    return alone
+
+
 def predictions(
     case: Case, config: BenchConfig, calibration: dict[str, float], cluster: Cluster
 ) -> tuple[Any, Any]:
@@ -459,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
         probes = {
             # one stream over one node link, ~0.5 s of traffic
             "inter": probe(cluster, [(0, 1)], config.rate_mbit / 8 * 0.5),
+            # one stream each way over the same link: data and the other stream's ACKs share each
+            # direction, as in every collective here (rings and rails send both ways at once)
+            "duplex": probe(cluster, [(0, 1), (1, 0)], config.rate_mbit / 8 * 0.5),
             # every node at once, L streams each on its loopback (the ring edges of a node's ranks):
             # the emulated nodes share this machine's cores, as the ranks' intra-node exchanges do
             "intra": probe(
@@ -484,9 +530,10 @@ def main(argv: list[str] | None = None) -> int:
         model_cluster = Cluster(
             nodes=config.nodes,
             ranks_per_node=config.ranks_per_node,
-            inter_bytes_per_s=probes["inter"]["bytes_per_s"],
+            inter_bytes_per_s=probes["duplex"]["bytes_per_s"],
             intra_bytes_per_s=intra_bytes_per_s,
         )
+        alone = exchange_alone(cluster, config, base, model_cluster, logs)
         cases = cases_of(config)
         models = [predictions(case, config, calibration, model_cluster) for case in cases]
         runs: list[list[dict[str, Any]]] = [[] for _ in cases]
@@ -526,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         elapsed,
         _machine(),
         spec_summary=asdict(spec),
+        alone=alone,
     )
     for path in paths:
         print(f"wrote {path}")

@@ -19,8 +19,13 @@ more than on 8 devices.
 
 Methods: ``allreduce`` (torch DDP, gloo, bucket_cap_mb, torch.optim.AdamW(foreach)), ``ours``
 (decentadam.DecentralizedAdam), ``decent-dp`` (decent_dp 0.2.3's DecentralizedDataParallel with its
-AccumAdamW), and ``calibrate`` (no network: times the optimizer steps of all ranks at once, the
-runtime model's update-time inputs).
+AccumAdamW), ``exchange`` (DecentralizedAdam's exchanges alone: the topology's group sums of the
+bucketed parameters, step after step, with no compute and no update; what the network and the
+communicator cost on their own) and ``calibrate`` (no network: times the optimizer steps of all
+ranks at once, the runtime model's update-time inputs).
+
+Rank 0 also reads the whole machine's CPU counters (``/proc/stat``, not namespaced) around the
+measured iterations: the share of the cores that was busy while the configuration ran.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ class WorkerSpec:
     """What every rank runs (the same on all ranks)."""
 
     method: str
-    """allreduce | ours | decent-dp | calibrate."""
+    """allreduce | ours | decent-dp | exchange | calibrate."""
     out: str
     """Rank 0 writes the JSON result here."""
     topology: str = "aer"
@@ -88,6 +93,7 @@ class RankResult:
     update_s: list[float] = field(default_factory=list)
     bytes_sent: int = 0
     link_bytes_out: int = -1  # local rank 0 only: bytes through this node's uplink tbf
+    cpu_busy: float = -1.0  # rank 0 only: share of the machine's cores busy during the measured window
     calibration: dict[str, float] = field(default_factory=dict)
 
 
@@ -138,9 +144,38 @@ class EmulatedModel(nn.Module):
 
 
 def _tbf_sent_bytes() -> int:
-    out = subprocess.run(["tc", "-s", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True).stdout
+    """Bytes this node's uplink tbf has sent, or -1 where there is none (outside an emulated node)."""
+    try:
+        out = subprocess.run(
+            ["tc", "-s", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True
+        ).stdout
+    except FileNotFoundError:  # no iproute2
+        return -1
     match = re.search(r"qdisc tbf .*?Sent (\d+) bytes", out, re.S)
     return int(match.group(1)) if match else -1
+
+
+def host_cpu_jiffies(stat: str | None = None) -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine so far, from the ``cpu`` line of ``/proc/stat``.
+
+    Idle and iowait count as not busy; guest time is already inside user/nice and is not added twice.
+    """
+    if stat is None:
+        with open("/proc/stat") as f:
+            stat = f.read()
+    for line in stat.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            values = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+            idle = values[3] + values[4]
+            return sum(values) - idle, sum(values)
+    raise ValueError("no aggregate 'cpu' line in /proc/stat")
+
+
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of CPU time that was busy between two ``host_cpu_jiffies`` readings."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else 0.0
 
 
 class EmulatedUpdate(torch.optim.Optimizer):
@@ -227,6 +262,40 @@ def run_ours(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> None
     result.bytes_sent = optimizer.stats.bytes_sent - bytes_before
 
 
+def run_exchange(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> None:
+    """The exchanges of ``ours`` without compute or update: each step sums every bucket over its group.
+
+    The buckets have DecentralizedAdam's sizes (whole parameters up to ``bucket_mb``); they start at
+    zero, so the sums stay zero and nothing needs rescaling between steps.
+    """
+    local = int(os.environ["LOCAL_WORLD_SIZE"])
+    rank = dist.get_rank()
+    topology = build(spec.topology, dist.get_world_size(), local)
+    communicator = ProcessGroupCommunicator(topology, hierarchical=spec.hierarchical)
+    sizes: list[int] = []
+    for p in model.parameters():
+        numel = p.numel()
+        if sizes and (sizes[-1] + numel) * 4 <= spec.bucket_mb * 2**20:
+            sizes[-1] += numel
+        else:
+            sizes.append(numel)
+    buffers = [torch.zeros(n) for n in sizes]
+    step = 0
+
+    def iteration() -> tuple[float, float]:
+        nonlocal step
+        start = time.perf_counter()
+        group = topology.group_of(rank, step)
+        if len(group) > 1:
+            for handle in [communicator.group_sum(b, group) for b in buffers]:
+                handle.wait()
+            result.bytes_sent += sum(b.numel() * 4 for b in buffers)
+        step += 1
+        return time.perf_counter() - start, 0.0
+
+    _measure(spec, iteration, result, on_start=lambda: setattr(result, "bytes_sent", 0))
+
+
 def run_decent_dp(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> None:
     from decent_dp.ddp import DecentralizedDataParallel
     from decent_dp.optim import optim_fn_accum_adamw
@@ -269,12 +338,15 @@ def _measure(
     tbf_before = _tbf_sent_bytes() if local_rank == 0 else -1
     if on_start is not None:
         on_start()
+    cpu_before = host_cpu_jiffies() if result.rank == 0 else (0, 0)
     result.start = time.perf_counter()
     for _ in range(spec.iters):
         wait, update = iteration()
         result.ends.append(time.perf_counter())
         result.wait_s.append(wait)
         result.update_s.append(update)
+    if result.rank == 0:
+        result.cpu_busy = busy_share(cpu_before, host_cpu_jiffies())
     if local_rank == 0:
         result.link_bytes_out = _tbf_sent_bytes() - tbf_before
 
@@ -387,6 +459,7 @@ def main() -> int:
         "allreduce": run_allreduce,
         "ours": run_ours,
         "decent-dp": run_decent_dp,
+        "exchange": run_exchange,
         "calibrate": run_calibrate,
     }
     runners[spec.method](spec, model, result)
