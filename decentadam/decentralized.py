@@ -119,6 +119,13 @@ class DecentralizedAdam(Optimizer):
             leaves it to the process group's own timeout. With NCCL a timeout makes every wait
             block the CPU until the exchange is done (torch's ``Work.wait`` semantics), so prefer
             ``init_process_group(timeout=...)`` there.
+        hierarchical: on gloo, sum a group that spans several nodes with the same number
+            ``m >= 2`` of its ranks on each (AER's node pairs; ``complete`` on multi-rank nodes) in
+            three phases: reduce-scatter inside each node, all-reduce of the shards across the
+            nodes, all-gather. A node link then carries ``S`` per direction for a two-node group
+            instead of ``1.5 S`` (``m = 2``), at the cost of a scratch buffer of ``(m-1)/m`` of each
+            bucket. ``False``: one flat all-reduce per group. NCCL always keeps its own all-reduce.
+            Only for the default communicator.
         communicator: replaces the ``torch.distributed`` collectives (tests, instrumentation).
     """
 
@@ -138,6 +145,7 @@ class DecentralizedAdam(Optimizer):
         overlap: Overlap = "step",
         foreach: bool | None = None,
         timeout: float | None = None,
+        hierarchical: bool = True,
         communicator: Communicator | None = None,
     ) -> None:
         defaults = make_defaults(lr, betas, eps, weight_decay, accum_steps, foreach)
@@ -147,6 +155,12 @@ class DecentralizedAdam(Optimizer):
             raise ValueError(f"overlap must be 'step' or 'backward', got {overlap!r}")
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
+        if communicator is not None and not hierarchical:
+            raise ValueError(
+                "hierarchical=False configures the default communicator, but communicator= was given; "
+                "build it as ProcessGroupCommunicator(topology, process_group, hierarchical=False) "
+                "instead, or leave communicator= out"
+            )
         super().__init__(params, defaults)
 
         distributed.check_launch_environment()
@@ -170,7 +184,9 @@ class DecentralizedAdam(Optimizer):
         if communicator is None:
             if world_size > 1:
                 distributed.check_same_parameters(all_params, process_group)
-                communicator = ProcessGroupCommunicator(self.topology, process_group)
+                communicator = ProcessGroupCommunicator(
+                    self.topology, process_group, hierarchical=hierarchical
+                )
             else:
                 communicator = SingleProcessCommunicator()
         self.communicator = communicator

@@ -11,7 +11,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from decentadam.gossip import ProcessGroupCommunicator, node_layout, release_exchange_groups
+from decentadam import DecentralizedAdam
+from decentadam.gossip import (
+    ProcessGroupCommunicator,
+    SingleProcessCommunicator,
+    node_layout,
+    release_exchange_groups,
+)
 from decentadam.topology import build
 from tests.distributed_harness import run_distributed
 
@@ -110,3 +116,28 @@ def test_a_stalled_peer_makes_the_wait_time_out() -> None:
         message, seconds = results[rank]
         assert "timed out after 2 s" in message, (rank, message)
         assert seconds < 2.0 + 3.0, (rank, seconds)
+
+
+def optimizer_groups_worker(rank: int, world_size: int, hierarchical: bool) -> list[tuple[int, ...]]:
+    model = torch.nn.Linear(8, 8)
+    optimizer = DecentralizedAdam(
+        model.parameters(), topology="aer", local_world_size=2, hierarchical=hierarchical
+    )
+    assert isinstance(optimizer.communicator, ProcessGroupCommunicator)
+    planned = sorted(optimizer.communicator._hierarchy)
+    release_exchange_groups()
+    return planned
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("hierarchical", [True, False])
+def test_decentralized_adam_switches_hierarchical_sums(hierarchical: bool) -> None:
+    results = run_distributed(optimizer_groups_worker, 4, hierarchical, timeout_s=90)
+    assert results == [[(0, 1, 2, 3)] if hierarchical else []] * 4
+
+
+def test_hierarchical_false_with_a_custom_communicator_is_refused() -> None:
+    with pytest.raises(ValueError, match="hierarchical=False configures the default communicator"):
+        DecentralizedAdam(
+            torch.nn.Linear(2, 2).parameters(), communicator=SingleProcessCommunicator(), hierarchical=False
+        )
