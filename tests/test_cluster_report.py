@@ -80,7 +80,7 @@ def test_report_states_the_mean_ratio_and_each_run(tmp_path: Path) -> None:
         60.0,
         {"cpu": "cpu", "cores": "2", "kernel": "k", "python": "3", "torch": "2", "date": "d", "load": "0"},
         spec_summary={"prefix": "t"},
-        alone={"aer": {"measured_ms": 321.0, "predicted_ms": 300.0, "cpu_busy": 0.74, "wait_ms": 320.0}},
+        alone={"aer": {"measured_ms": 321.0, "predicted_ms": 300.0, "cpu_busy": 0.74}},
     )
     text = md.read_text()
     assert "= **0.49x** (target <= 0.5x): PASS; run by run (paired by round): 0.45x, 0.52x" in text

@@ -161,14 +161,8 @@ def write_report(
         "|---|---:|---:|",
         f"| TCP node 0 -> node 1 (one stream, {probes['inter']['bytes'] / 1e6:.0f} MB) "
         f"| {probes['inter']['bytes_per_s'] / 1e6:.1f} MB/s | {probes['inter']['tbf_bytes']:,} |",
-        *(
-            [
-                f"| TCP node 0 <-> node 1 (one stream each way at once), per stream: B_inter "
-                f"| {probes['duplex']['bytes_per_s'] / 1e6:.1f} MB/s | {probes['duplex']['tbf_bytes']:,} |"
-            ]
-            if "duplex" in probes
-            else []
-        ),
+        f"| TCP node 0 <-> node 1 (one stream each way at once), per stream: B_inter "
+        f"| {probes['duplex']['bytes_per_s'] / 1e6:.1f} MB/s | {probes['duplex']['tbf_bytes']:,} |",
         f"| TCP inside every node at once ({probes['intra']['streams']} loopback streams, "
         f"{probes['intra']['bytes'] / 1e6:.0f} MB), per stream "
         f"| {probes['intra']['bytes_per_s'] / 1e6:.1f} MB/s | {probes['intra']['tbf_bytes']:,} |",
@@ -191,15 +185,10 @@ def write_report(
         "",
         "The inter-node probe moves its bytes (plus ~4.5% TCP/IP/Ethernet headers) through the tbf "
         "qdiscs; the same-node probes move (almost) none through them: intra-node traffic avoids the "
-        "shaping, inter-node traffic goes through it. The model uses the "
-        + (
-            "two-way probe's per-stream payload rate as B_inter (in every configuration here a node "
-            "link carries data both ways at once, and each direction also carries the other "
-            "stream's ACKs)"
-            if "duplex" in probes
-            else "inter-node probe's payload rate as B_inter"
-        )
-        + ", B_intra from gloo's intra-node all-reduce (the Python probe is CPU-bound and only "
+        "shaping, inter-node traffic goes through it. The model uses the two-way probe's per-stream "
+        "payload rate as B_inter (in every configuration here a node link carries data both ways at "
+        "once, and each direction also carries the other stream's ACKs), B_intra from gloo's "
+        "intra-node all-reduce (the Python probe is CPU-bound and only "
         "shows the path), latency 0, and the calibrated step times as U "
         "(`decentadam/runtime_model.py` documents the formulas).",
         "",

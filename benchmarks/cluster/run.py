@@ -296,10 +296,10 @@ def summarize(
     runs = [raw["ranks"] for raw in raws]
     ranks = [r for run in runs for r in run]
     deltas = [b - a for r in ranks for a, b in itertools.pairwise([r["start"], *r["ends"]])]
-    run_means = [statistics.mean((r["ends"][-1] - r["start"]) / iters for r in run) for run in runs]
+    run_means = [_run_mean(run, iters) for run in runs]
     link = [r["link_bytes_out"] for r in ranks if r["link_bytes_out"] >= 0]
     buffer = [r["bytes_sent"] for r in ranks]
-    busy = [r["cpu_busy"] for r in ranks if r.get("cpu_busy", -1.0) >= 0]
+    busy = [r["cpu_busy"] for r in ranks if r["cpu_busy"] >= 0]  # rank 0's reading
     return Outcome(
         case=case,
         mean_ms=statistics.mean(run_means) * 1e3,
@@ -317,6 +317,11 @@ def summarize(
         run_means_ms=[m * 1e3 for m in run_means],
         raw={"runs": runs},
     )
+
+
+def _run_mean(ranks: list[dict[str, Any]], iters: int) -> float:
+    """Seconds per iteration of one run: (end of last - start) / iterations, averaged over ranks."""
+    return statistics.mean(float(r["ends"][-1] - r["start"]) / iters for r in ranks)
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -424,7 +429,7 @@ def exchange_alone(
         spec = {**base, "method": "exchange", "topology": topology, "compute_ms": 0.0}
         raw = launch(cluster, config, spec, 29450 + index, logs)
         ranks = raw["ranks"]
-        measured = statistics.mean((r["ends"][-1] - r["start"]) / config.iters for r in ranks)
+        measured = _run_mean(ranks, config.iters)
         work = Workload(
             param_bytes=config.param_mb * 1e6,
             compute_s=0.0,
@@ -436,7 +441,6 @@ def exchange_alone(
             "measured_ms": measured * 1e3,
             "predicted_ms": predicted.iteration_s * 1e3,
             "cpu_busy": ranks[0]["cpu_busy"],
-            "wait_ms": statistics.mean(w for r in ranks for w in r["wait_s"]) * 1e3,
         }
         logger.info(
             "%s alone: %.0f ms per step, predicted %.0f, CPU %.0f%% busy",

@@ -47,8 +47,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from decentadam import DecentralizedAdam
-from decentadam.gossip import Handle, ProcessGroupCommunicator
-from decentadam.topology import Group, build
+from decentadam.gossip import Handle
+from decentadam.topology import Group
 
 LR = 1e-4
 
@@ -229,16 +229,15 @@ def run_allreduce(spec: WorkerSpec, model: EmulatedModel, result: RankResult) ->
 
 
 def run_ours(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> None:
-    local = int(os.environ["LOCAL_WORLD_SIZE"])
-    topology = build(spec.topology, dist.get_world_size(), local)
     optimizer = DecentralizedAdam(
         model.parameters(),
         lr=LR,
         accum_steps=spec.accum_steps,
-        topology=topology,
+        topology=spec.topology,
+        local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
         bucket_size_mb=spec.bucket_mb,
         overlap="backward" if spec.overlap == "backward" else "step",
-        communicator=ProcessGroupCommunicator(topology, hierarchical=spec.hierarchical),
+        hierarchical=spec.hierarchical,
     )
 
     def iteration() -> tuple[float, float]:
@@ -265,21 +264,19 @@ def run_ours(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> None
 def run_exchange(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> None:
     """The exchanges of ``ours`` without compute or update: each step sums every bucket over its group.
 
-    The buckets have DecentralizedAdam's sizes (whole parameters up to ``bucket_mb``); they start at
-    zero, so the sums stay zero and nothing needs rescaling between steps.
+    The buffers are DecentralizedAdam's own buckets (never stepped here), zeroed so that the sums
+    stay zero and need no rescaling between steps.
     """
-    local = int(os.environ["LOCAL_WORLD_SIZE"])
     rank = dist.get_rank()
-    topology = build(spec.topology, dist.get_world_size(), local)
-    communicator = ProcessGroupCommunicator(topology, hierarchical=spec.hierarchical)
-    sizes: list[int] = []
-    for p in model.parameters():
-        numel = p.numel()
-        if sizes and (sizes[-1] + numel) * 4 <= spec.bucket_mb * 2**20:
-            sizes[-1] += numel
-        else:
-            sizes.append(numel)
-    buffers = [torch.zeros(n) for n in sizes]
+    optimizer = DecentralizedAdam(
+        model.parameters(),
+        topology=spec.topology,
+        local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
+        bucket_size_mb=spec.bucket_mb,
+        hierarchical=spec.hierarchical,
+    )
+    topology, communicator = optimizer.topology, optimizer.communicator
+    buffers = [bucket.buffer.zero_() for bucket in optimizer._buckets]
     step = 0
 
     def iteration() -> tuple[float, float]:
@@ -289,7 +286,7 @@ def run_exchange(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> 
         if len(group) > 1:
             for handle in [communicator.group_sum(b, group) for b in buffers]:
                 handle.wait()
-            result.bytes_sent += sum(b.numel() * 4 for b in buffers)
+            result.bytes_sent += sum(b.numel() * b.element_size() for b in buffers)
         step += 1
         return time.perf_counter() - start, 0.0
 
