@@ -119,13 +119,13 @@ class DecentralizedAdam(Optimizer):
             leaves it to the process group's own timeout. With NCCL a timeout makes every wait
             block the CPU until the exchange is done (torch's ``Work.wait`` semantics), so prefer
             ``init_process_group(timeout=...)`` there.
-        hierarchical: on gloo, sum a group that spans several nodes with the same number
-            ``m >= 2`` of its ranks on each (AER's node pairs; ``complete`` on multi-rank nodes) in
-            three phases: reduce-scatter inside each node, all-reduce of the shards across the
-            nodes, all-gather. A node link then carries ``S`` per direction for a two-node group
-            instead of ``1.5 S`` (``m = 2``), at the cost of a scratch buffer of ``(m-1)/m`` of each
-            bucket. ``False``: one flat all-reduce per group. NCCL always keeps its own all-reduce.
-            Only for the default communicator.
+        hierarchical: on gloo with CPU parameters, sum a group that spans several nodes with
+            the same number ``m >= 2`` of its ranks on each (AER's node pairs; ``complete`` on
+            multi-rank nodes) in three phases: reduce-scatter inside each node, all-reduce of the
+            shards across the nodes, all-gather. A node link then carries ``S`` per direction for
+            a two-node group instead of ``1.5 S`` (``m = 2``), at the cost of a scratch buffer of
+            ``(m-1)/m`` of each bucket. ``False``: one flat all-reduce per group. NCCL and CUDA
+            parameters always keep one all-reduce per group. Only for the default communicator.
         communicator: replaces the ``torch.distributed`` collectives (tests, instrumentation).
     """
 
@@ -184,8 +184,11 @@ class DecentralizedAdam(Optimizer):
         if communicator is None:
             if world_size > 1:
                 distributed.check_same_parameters(all_params, process_group)
+                # the three-phase sums run on CPU tensors only: for CUDA parameters their extra
+                # process groups would be built (a gloo connection per pair) and never used
+                on_cpu = all(p.device.type == "cpu" for p in all_params)
                 communicator = ProcessGroupCommunicator(
-                    self.topology, process_group, hierarchical=hierarchical
+                    self.topology, process_group, hierarchical=hierarchical and on_cpu
                 )
             else:
                 communicator = SingleProcessCommunicator()
