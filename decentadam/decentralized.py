@@ -27,7 +27,7 @@ from decentadam.gossip import (
     SingleProcessCommunicator,
     release_exchange_groups,
 )
-from decentadam.optim.accum_adamw import ParamsT, make_defaults, step_group
+from decentadam.optim.accum_adamw import ParamsT, check_group, make_defaults, step_group
 from decentadam.topology import Topology, build
 
 __all__ = ["CommStats", "DecentralizedAdam"]
@@ -66,8 +66,10 @@ class _Bucket:
     views: list[Tensor]  # views of ``buffer`` shaped like ``params``
     handle: Handle | None = None  # exchange in flight
     pending_size: int = 0  # > 1: buffer holds (or will hold) the sum over a group of that many ranks
-    expected_hooks: int = 0  # backward mode: gradient accumulations per iteration
-    fired_hooks: int = 0
+    # backward mode: gradient accumulations per iteration counted in the first iteration, or -1 when
+    # one of the bucket's parameters got none there (the bucket is then stepped by step() only)
+    expected_hooks: int = -1
+    hooks_left: int = -1  # accumulations still expected in this iteration
     done: bool = False  # backward mode: stepped during this iteration's backward
 
 
@@ -97,7 +99,15 @@ class DecentralizedAdam(Optimizer):
     before the update: global gradient-norm clipping, fp16 loss scalers that unscale or skip steps,
     or gradient accumulation over several backward passes per step (the last is detected and
     raises). The first iteration runs as in ``"step"`` mode to count how often each parameter's
-    gradient accumulates (tied weights accumulate twice).
+    gradient accumulates (tied weights accumulate twice). Buckets are stepped in one fixed order on
+    every rank, as DDP launches its buckets, so that the ranks of a group start their sums in the
+    same order even when a rank skips a parameter in some iteration: a ready bucket waits for the
+    buckets before it, and a bucket that is not ready when backward ends (a parameter unused in this
+    iteration, or in the first one) is stepped by :meth:`step`.
+
+    Parameters are bucketed once, at construction: trainable ones (``requires_grad=True``) only, so
+    frozen ones cost no traffic. Unfreezing one later, or :meth:`add_param_group`, needs a new
+    optimizer (``step()`` raises rather than leave such a parameter unchanged).
 
     Requires ``torch.distributed`` to be initialised when more than one process is launched; in a
     single process without a process group it runs as plain AccumAdamW (``world_size`` 1).
@@ -183,7 +193,9 @@ class DecentralizedAdam(Optimizer):
         all_params = [p for group in self.param_groups for p in group["params"]]
         if communicator is None:
             if world_size > 1:
-                distributed.check_same_parameters(all_params, process_group)
+                distributed.check_same_parameters(
+                    [group["params"] for group in self.param_groups], process_group
+                )
                 # the three-phase sums run on CPU tensors only: for CUDA parameters their extra
                 # process groups would be built (a gloo connection per pair) and never used
                 on_cpu = all(p.device.type == "cpu" for p in all_params)
@@ -202,8 +214,12 @@ class DecentralizedAdam(Optimizer):
         self._sync_before_next_step = False  # after a resume, exchange x(t) before stepping
         self._buckets = self._make_buckets(int(bucket_size_mb * 2**20))
         self._bucket_of: dict[int, _Bucket] = {id(p): b for b in self._buckets for p in b.params}
+        self._frozen = [p for p in all_params if id(p) not in self._bucket_of]
         self._hook_handles: list[RemovableHandle] = []
         self._hooks_calibrated = False
+        self._hook_counts: dict[int, int] = {}  # backward mode: accumulations per parameter id
+        self._expected_counts: dict[int, int] = {}  # the same, counted in the first iteration
+        self._next_bucket = 0  # backward mode: the buckets before this one were stepped in this iteration
         self._broadcast_from_rank0(all_params)
         # Real collectives in flight are also tracked module-wide, so the process waits for them at exit.
         self._track_in_flight = isinstance(communicator, ProcessGroupCommunicator)
@@ -231,16 +247,39 @@ class DecentralizedAdam(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_no_unfrozen_parameters()
         if self._sync_before_next_step:
             for bucket in self._buckets:
                 self._start_exchange(bucket, self._step)
             self._sync_before_next_step = False
-        for bucket in self._buckets:
-            if not bucket.done:  # in backward mode, buckets whose hooks did not all fire
-                self._step_bucket(bucket)
+        for bucket in self._buckets[self._next_bucket :]:  # backward mode: those the hooks did not step
+            self._step_bucket(bucket)
         self._end_iteration()
         self._step += 1
         return loss
+
+    def _check_no_unfrozen_parameters(self) -> None:
+        for p in self._frozen:
+            if p.grad is not None:
+                raise RuntimeError(
+                    f"DecentralizedAdam: a parameter of shape {tuple(p.shape)} has a gradient but was "
+                    "frozen (requires_grad=False) when the optimizer was built, so it would be neither "
+                    "updated nor averaged. Unfreeze parameters before building DecentralizedAdam, or "
+                    "build a new one after unfreezing (carry the state over with state_dict() and "
+                    "load_state_dict())."
+                )
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group while the optimizer is built; afterwards this raises (the buckets are fixed)."""
+        if hasattr(self, "_buckets"):
+            raise RuntimeError(
+                "DecentralizedAdam: add_param_group() after construction is not supported: parameters "
+                "are packed into communication buckets once, at construction, so the new group would "
+                "be neither updated nor averaged. Build a new DecentralizedAdam with every group "
+                "(carry the state over with state_dict() and load_state_dict())."
+            )
+        super().add_param_group(param_group)
+        check_group(self.param_groups[-1])
 
     def _step_bucket(self, bucket: _Bucket) -> None:
         self._mix(bucket)
@@ -304,35 +343,59 @@ class DecentralizedAdam(Optimizer):
     # ------------------------------------------------------------------ backward-overlap mode
 
     def _on_grad_ready(self, param: Tensor) -> None:
-        bucket = self._bucket_of[id(param)]
+        key = id(param)
+        bucket = self._bucket_of[key]
         if bucket.done:
             raise RuntimeError(
                 "DecentralizedAdam(overlap='backward'): a gradient arrived for a bucket that was already "
                 "updated in this iteration. This happens with gradient accumulation over several "
                 "backward passes per optimizer step; use overlap='step' for that."
             )
-        bucket.fired_hooks += 1
-        if self._hooks_calibrated and bucket.fired_hooks == bucket.expected_hooks:
-            with torch.no_grad():
+        count = self._hook_counts[key] = self._hook_counts.get(key, 0) + 1
+        if bucket.hooks_left > 0 and count <= self._expected_counts.get(key, 0):
+            bucket.hooks_left -= 1
+            if bucket.hooks_left == 0:
+                self._step_ready_buckets()
+
+    def _step_ready_buckets(self) -> None:
+        """Step the ready buckets that follow the last one stepped, in bucket order (as on every rank)."""
+        buckets = self._buckets
+        with torch.no_grad():
+            while self._next_bucket < len(buckets) and buckets[self._next_bucket].hooks_left == 0:
+                bucket = buckets[self._next_bucket]
+                self._next_bucket += 1
                 self._step_bucket(bucket)
 
     def _end_iteration(self) -> None:
         if self.overlap == "backward" and not self._hooks_calibrated:
+            self._expected_counts = dict(self._hook_counts)
             for bucket in self._buckets:
-                bucket.expected_hooks = bucket.fired_hooks
+                counts = [self._expected_counts.get(id(p), 0) for p in bucket.params]
+                bucket.expected_hooks = sum(counts) if min(counts) > 0 else -1
             self._hooks_calibrated = True
+        self._hook_counts.clear()
+        self._next_bucket = 0
         for bucket in self._buckets:
-            bucket.fired_hooks = 0
+            bucket.hooks_left = bucket.expected_hooks
             bucket.done = False
 
     def remove_hooks(self) -> None:
-        """Detach the backward-mode hooks (the optimizer then behaves as ``overlap="step"``)."""
+        """Detach the backward-mode hooks (the optimizer then behaves as ``overlap="step"``).
+
+        Call it after :meth:`step`: between ``backward()`` and ``step()`` the hooks may already have
+        updated some buckets of this iteration, and it raises.
+        """
+        if any(b.done for b in self._buckets):
+            raise RuntimeError(
+                "DecentralizedAdam.remove_hooks() was called between backward() and step(), after the "
+                "hooks had updated some buckets of this iteration; call it after step()"
+            )
         for handle in self._hook_handles:
             handle.remove()
         self._hook_handles.clear()
         self.overlap = "step"
         for bucket in self._buckets:
-            bucket.done = False
+            bucket.hooks_left = bucket.expected_hooks = -1
 
     # ------------------------------------------------------------------ consensus
 
@@ -440,6 +503,7 @@ class DecentralizedAdam(Optimizer):
         self.wait_for_exchanges()
         for bucket in self._buckets:
             bucket.pending_size = 0
+            bucket.hooks_left = bucket.expected_hooks = -1  # see below
         # Step 0 does not mix (construction made every rank equal), so a state saved before the first
         # step (or reloaded in place, as Accelerate's device placement does) needs no exchange.
         self._sync_before_next_step = self.world_size > 1 and self._step > 0

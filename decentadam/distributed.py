@@ -53,24 +53,33 @@ def env_local_world_size() -> int:
     return size
 
 
-def check_same_parameters(params: Sequence[Tensor], group: dist.ProcessGroup | None) -> None:
-    """Raise when ranks hold different parameter lists (count, shapes or dtypes).
+def check_same_parameters(param_groups: Sequence[Sequence[Tensor]], group: dist.ProcessGroup | None) -> None:
+    """Raise when ranks hold different parameters: the layout the communication buckets are built from.
 
-    One small all-reduce of a fingerprint; called once, at construction.
+    Compares, across ranks, the number of param groups and of tensors in each, and every tensor's
+    shape, dtype, device type and ``requires_grad`` (frozen tensors are left out of the buckets), so
+    that a mismatch fails here with its cause instead of at the first exchange. One small
+    all-reduce of a fingerprint; called once, at construction.
     """
-    signature = ";".join(f"{tuple(p.shape)}:{p.dtype}" for p in params)
+    signature = "|".join(
+        ";".join(f"{tuple(p.shape)}:{p.dtype}:{p.device.type}:{p.requires_grad}" for p in params)
+        for params in param_groups
+    )
     digest = int.from_bytes(hashlib.sha256(signature.encode()).digest()[:7], "big")
-    device = params[0].device if params else torch.device("cpu")
+    flat = [p for params in param_groups for p in params]
+    device = flat[0].device if flat else torch.device("cpu")
     if dist.get_backend(group) == "nccl" and device.type != "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
-    local = torch.tensor([digest, len(params)], dtype=torch.int64, device=device)
+    local = torch.tensor([digest, len(flat)], dtype=torch.int64, device=device)
     low, high = local.clone(), local.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
     dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
     if not torch.equal(low, high):
+        trainable = sum(p.numel() for p in flat if p.requires_grad)
         raise ValueError(
-            "ranks hold different parameters: parameter count or shapes differ across ranks "
-            f"(this rank: {len(params)} tensors, {sum(p.numel() for p in params)} elements). Build the "
-            "same model on every rank, and pass its parameters in the same order, before creating the "
-            "optimizer."
+            "ranks hold different parameters: the param groups, parameter count, shapes, dtypes, devices "
+            "or which parameters are trainable (requires_grad) differ across ranks (this rank: "
+            f"{len(param_groups)} groups, {len(flat)} tensors, {sum(p.numel() for p in flat)} elements, "
+            f"{trainable} trainable). Build the same model on every rank, freeze the same parameters, "
+            "and pass the same param groups in the same order, before creating the optimizer."
         )

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from decentadam import AccumAdamW
+from decentadam import AccumAdamW, DecentralizedAdam
 
 
 def make_model() -> nn.Module:
@@ -151,3 +151,44 @@ def test_parameters_without_grad_are_skipped() -> None:
 def test_bad_hyperparameters_name_the_problem(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         AccumAdamW([nn.Parameter(torch.zeros(1))], **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("group", "match"),
+    [
+        ({"lr": -1.0}, "lr must be >= 0"),
+        ({"betas": (1.0, 0.999)}, r"betas\[0\]"),
+        ({"accum_steps": 0}, "accum_steps must be an integer >= 1"),
+        ({"accum_steps": 2.0}, "accum_steps must be an integer >= 1"),
+    ],
+)
+@pytest.mark.parametrize("optimizer_class", [AccumAdamW, DecentralizedAdam])
+def test_bad_hyperparameters_of_one_param_group_name_the_problem(
+    optimizer_class: type[torch.optim.Optimizer], group: dict[str, object], match: str
+) -> None:
+    # values given per group bypass the constructor's arguments: add_param_group checks them too
+    good, bad = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
+    with pytest.raises(ValueError, match=match):
+        optimizer_class([{"params": [good]}, {"params": [bad], **group}])
+    optimizer = AccumAdamW([good])
+    with pytest.raises(ValueError, match=match):
+        optimizer.add_param_group({"params": [bad], **group})
+
+
+def test_step_counter_keeps_counting_past_float32_range() -> None:
+    """float32 stops at 2**24: t would stay put and ``t % s == 0`` would commit the moments every step."""
+    param = nn.Parameter(torch.zeros(3))
+    optimizer = AccumAdamW([param], lr=1e-3, accum_steps=4)
+    param.grad = torch.ones(3)
+    optimizer.step()
+    state = optimizer.state[param]
+    assert state["step"].dtype == torch.float64
+    state["step"] = torch.tensor(2.0**24, dtype=torch.float32)  # as loaded from an older checkpoint
+    state["grad_accum"].zero_()
+    committed = []
+    for _ in range(8):
+        before = state["exp_avg_sq"].clone()
+        optimizer.step()
+        committed.append(not torch.equal(before, state["exp_avg_sq"]))
+    assert state["step"].dtype == torch.float64 and state["step"].item() == 2**24 + 8
+    assert committed == [False, False, False, True] * 2  # once per window of 4, at t = 2**24 + 4k

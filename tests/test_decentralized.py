@@ -189,20 +189,57 @@ def test_matches_simulation_of_n_workers(world_size: int, configs: list[tuple[st
             assert distance > 0, f"{label}: ranks with different data should not agree exactly"
 
 
-def mismatched_worker(rank: int, world_size: int) -> str:
-    model = nn.Linear(4, 3 + rank)
+def mismatched_worker(rank: int, world_size: int, difference: str) -> str:
+    model = nn.Linear(4, 3 + rank if difference == "shape" else 3)
+    if difference == "frozen" and rank == 1:
+        model.bias.requires_grad_(False)  # bucketed differently: the first exchange would not match
+    params: Any = model.parameters()
+    if difference == "groups":
+        params = [{"params": [model.weight]}, {"params": [model.bias]}] if rank == 0 else params
     try:
-        DecentralizedAdam(model.parameters(), topology="ring")
+        DecentralizedAdam(params, topology="ring")
     except ValueError as error:
         return str(error)
     return "no error"
 
 
 @pytest.mark.timeout(120)
-def test_different_parameters_across_ranks_fail_at_construction() -> None:
-    messages = run_distributed(mismatched_worker, 2)
+@pytest.mark.parametrize("difference", ["shape", "frozen", "groups"])
+def test_different_parameters_across_ranks_fail_at_construction(difference: str) -> None:
+    messages = run_distributed(mismatched_worker, 2, difference)
     for message in messages:
         assert "ranks hold different parameters" in message
+
+
+def skipping_worker(rank: int, world_size: int, overlap: str) -> torch.Tensor:
+    """Three equal-sized layers, one bucket each; rank 1 leaves the middle one out of two iterations."""
+    torch.manual_seed(0)
+    layers = nn.ModuleList(nn.Linear(8, 8, bias=False) for _ in range(3)).double()
+    optimizer = DecentralizedAdam(
+        layers.parameters(), lr=LR, accum_steps=2, topology="complete", bucket_size_mb=1e-6, overlap=overlap
+    )
+    assert len(optimizer._buckets) == 3
+    for step in range(6):
+        optimizer.zero_grad()
+        x = torch.randn(4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(10 * rank + step))
+        hidden = layers[0](x)
+        if not (rank == 1 and step in (2, 3)):  # data-dependent: a skipped expert or layer-drop
+            hidden = hidden + torch.tanh(layers[1](hidden))
+        layers[2](hidden).square().mean().backward()
+        optimizer.step()
+    optimizer.wait_for_exchanges()
+    optimizer.step()  # mix the last exchange in
+    return torch.cat([p.detach().reshape(-1) for p in layers.parameters()])
+
+
+@pytest.mark.timeout(180)
+def test_backward_mode_keeps_bucket_order_when_a_rank_skips_a_parameter() -> None:
+    # Rank 1's first and last buckets are ready during backward while the middle one is not; started
+    # out of order, the ranks' sums of equal-sized buckets would pair different buckets, silently.
+    step_mode = run_distributed(skipping_worker, 2, "step", timeout_s=120)
+    backward_mode = run_distributed(skipping_worker, 2, "backward", timeout_s=120)
+    for ours, reference in zip(backward_mode, step_mode, strict=True):
+        torch.testing.assert_close(ours, reference, rtol=0, atol=0)
 
 
 def failing_peer_worker(rank: int, world_size: int, failure: str, topology: str) -> tuple[str, float]:
@@ -334,3 +371,60 @@ def test_backward_overlap_rejects_two_backwards_per_step() -> None:
 def test_bad_arguments_name_the_problem(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         DecentralizedAdam(nn.Linear(2, 2).parameters(), **kwargs)
+
+
+def run_with_late_parameter(overlap: str) -> torch.Tensor:
+    """The second layer gets no gradient in the first iteration (the one that counts the hooks)."""
+    torch.manual_seed(0)
+    first, second = nn.Linear(4, 4).double(), nn.Linear(4, 4).double()
+    optimizer = DecentralizedAdam(
+        [*first.parameters(), *second.parameters()],
+        lr=LR,
+        accum_steps=2,
+        overlap=overlap,  # type: ignore[arg-type]
+    )
+    for step in range(5):
+        optimizer.zero_grad()
+        x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(step))
+        out = first(x) if step == 0 else second(torch.tanh(first(x)))
+        out.square().mean().backward()
+        optimizer.step()
+    return torch.cat([p.detach().reshape(-1) for p in [*first.parameters(), *second.parameters()]])
+
+
+def test_backward_mode_with_a_parameter_unused_in_the_first_iteration_equals_step_mode() -> None:
+    # its bucket's hook count is unknown, so step() updates it: no partial step, no false error
+    torch.testing.assert_close(
+        run_with_late_parameter("backward"), run_with_late_parameter("step"), rtol=0, atol=0
+    )
+
+
+def test_remove_hooks_between_backward_and_step_is_refused() -> None:
+    model = make_model(0)
+    optimizer = DecentralizedAdam(model.parameters(), overlap="backward")
+    for step in range(2):  # the second iteration's hooks step the buckets during backward
+        optimizer.zero_grad()
+        loss_of(model, 0, step).backward()
+        if step == 1:
+            with pytest.raises(RuntimeError, match=r"call it after step\(\)"):
+                optimizer.remove_hooks()
+        optimizer.step()
+    optimizer.remove_hooks()
+    assert optimizer.overlap == "step"
+    state_steps = optimizer.state[next(model.parameters())]["step"].item()
+    optimizer.zero_grad()
+    loss_of(model, 0, 2).backward()
+    optimizer.step()
+    assert optimizer.state[next(model.parameters())]["step"].item() == state_steps + 1  # one update
+
+
+def test_parameters_added_or_unfrozen_after_construction_are_refused() -> None:
+    trained, frozen = nn.Linear(2, 2), nn.Linear(2, 2)
+    frozen.requires_grad_(False)
+    optimizer = DecentralizedAdam([*trained.parameters(), *frozen.parameters()])
+    with pytest.raises(RuntimeError, match=r"add_param_group\(\) after construction"):
+        optimizer.add_param_group({"params": [nn.Parameter(torch.zeros(2))]})
+    frozen.requires_grad_(True)  # progressive unfreezing: this optimizer never bucketed it
+    (trained(torch.ones(1, 2)) + frozen(torch.ones(1, 2))).sum().backward()
+    with pytest.raises(RuntimeError, match=r"frozen \(requires_grad=False\) when the optimizer was built"):
+        optimizer.step()

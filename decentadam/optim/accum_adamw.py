@@ -40,7 +40,9 @@ class AccumAdamW(Optimizer):
     norms out by giving them their own group with ``weight_decay=0.0``, as with AdamW.
 
     Per-parameter state (``optimizer.state[p]``), fixed keys:
-        ``step``: 0-dim float32 tensor, local steps taken (``t``);
+        ``step``: 0-dim float64 tensor, local steps taken (``t``; exact to 2**53, where float32 would
+        stop counting at 2**24; a float32 step loaded from torch's AdamW is converted at the next
+        step);
         ``exp_avg``: ``M``; ``exp_avg_sq``: ``V``;
         ``grad_accum``: ``b``, the running mean gradient of the open window (only when
         ``accum_steps > 1``).
@@ -70,6 +72,11 @@ class AccumAdamW(Optimizer):
     ) -> None:
         super().__init__(params, make_defaults(lr, betas, eps, weight_decay, accum_steps, foreach))
 
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """As :meth:`torch.optim.Optimizer.add_param_group`, and check the group's hyper-parameters."""
+        super().add_param_group(param_group)
+        check_group(self.param_groups[-1])
+
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """Take one AccumAdamW step on every parameter that has a gradient."""
@@ -92,19 +99,7 @@ def make_defaults(
     foreach: bool | None,
 ) -> dict[str, Any]:
     """The param-group defaults of AccumAdamW; raises ValueError naming the first invalid one."""
-    if not lr >= 0.0:
-        raise ValueError(f"lr must be >= 0, got {lr}")
-    if not 0.0 <= betas[0] < 1.0:
-        raise ValueError(f"betas[0] must be in [0, 1), got {betas[0]}")
-    if not 0.0 <= betas[1] < 1.0:
-        raise ValueError(f"betas[1] must be in [0, 1), got {betas[1]}")
-    if not eps >= 0.0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
-    if not weight_decay >= 0.0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-    if not (isinstance(accum_steps, int) and accum_steps >= 1):
-        raise ValueError(f"accum_steps must be an integer >= 1, got {accum_steps!r}")
-    return {
+    defaults = {
         "lr": lr,
         "betas": betas,
         "eps": eps,
@@ -112,6 +107,32 @@ def make_defaults(
         "accum_steps": accum_steps,
         "foreach": foreach,
     }
+    check_group(defaults)
+    return defaults
+
+
+def check_group(group: dict[str, Any]) -> None:
+    """Raise ValueError naming the first invalid hyper-parameter of a param group (or the defaults).
+
+    Optimizers call it from ``add_param_group``, so values given per group are checked as well.
+    """
+    where = f" (param group {group['name']!r})" if "name" in group else ""
+    lr, betas, eps = group["lr"], group["betas"], group["eps"]
+    weight_decay, accum_steps = group["weight_decay"], group["accum_steps"]
+    if not lr >= 0.0:
+        raise ValueError(f"lr must be >= 0, got {lr}{where}")
+    if len(betas) != 2:
+        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}{where}")
+    if not 0.0 <= betas[0] < 1.0:
+        raise ValueError(f"betas[0] must be in [0, 1), got {betas[0]}{where}")
+    if not 0.0 <= betas[1] < 1.0:
+        raise ValueError(f"betas[1] must be in [0, 1), got {betas[1]}{where}")
+    if not eps >= 0.0:
+        raise ValueError(f"eps must be >= 0, got {eps}{where}")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}{where}")
+    if not (isinstance(accum_steps, int) and not isinstance(accum_steps, bool) and accum_steps >= 1):
+        raise ValueError(f"accum_steps must be an integer >= 1, got {accum_steps!r}{where}")
 
 
 def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], params: list[Tensor]) -> None:
@@ -132,9 +153,13 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
             raise RuntimeError("AccumAdamW does not support complex parameters; view them as real")
         st = state[p]
         if not st:
-            st["step"] = torch.tensor(0.0, dtype=torch.float32)
+            st["step"] = torch.tensor(0.0, dtype=torch.float64)
             st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        elif st["step"].dtype != torch.float64:
+            # float32 (torch's AdamW, or our state before float64) stops counting at 2**24 = 16.8M steps,
+            # after which ``t % s == 0`` would commit the moments on every step; values below are exact
+            st["step"] = st["step"].to(torch.float64)
         if accum_steps > 1 and "grad_accum" not in st:
             st["grad_accum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         grads.append(grad)
