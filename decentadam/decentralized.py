@@ -78,11 +78,12 @@ class DecentralizedAdam(Optimizer):
 
     For the ``t``-th call of :meth:`step` (``t = 0, 1, 2, ...``), on rank ``i``::
 
-        x_i(t+1) = sum_j W_ij(t) x_j(t) - lr * D_i(t)
+        x_i(t+1) = (1 - lr * weight_decay) * sum_j W_ij(t) x_j(t) - lr * D_i(t)
 
     where ``W(t) = topology.mixing_matrix(t)`` (rank ``i`` averages uniformly with the other members
-    of its group at step ``t``) and ``D_i(t)`` is rank ``i``'s AccumAdamW direction (decoupled weight
-    decay included) from its own gradient, computed at ``x_i(t)``. Adam moments never leave the rank.
+    of its group at step ``t``) and ``D_i(t)`` is rank ``i``'s AccumAdamW direction from its own
+    gradient, computed at ``x_i(t)``: the decoupled weight decay applies to the mixed parameters, as
+    the update runs right after the mixing. Adam moments never leave the rank.
 
     Communication overlaps compute. Parameters are packed into flat buckets of about
     ``bucket_size_mb``. At the end of step ``t`` each bucket copies ``x_i(t+1)`` into its buffer and

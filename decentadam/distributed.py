@@ -30,7 +30,14 @@ def check_launch_environment() -> None:
     a script that then never initialises ``torch.distributed`` (for instance Accelerate on a
     CPU-only machine without ``cpu=True``) would silently train 4 unrelated models.
     """
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    value = os.environ.get("WORLD_SIZE", "1")
+    try:
+        world_size = int(value)
+    except ValueError:
+        raise ValueError(
+            f"WORLD_SIZE must be an integer (the number of launched processes), got {value!r}; "
+            "unset it or let torchrun / accelerate launch set it"
+        ) from None
     if world_size > 1 and not is_initialized():
         raise RuntimeError(
             f"WORLD_SIZE={world_size} is set (the script was launched as {world_size} processes), but "

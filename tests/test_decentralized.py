@@ -331,6 +331,9 @@ def test_launched_without_process_group_fails_loudly(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(RuntimeError, match="not initialised"):
         DecentralizedAdam(nn.Linear(2, 2).parameters())
+    monkeypatch.setenv("WORLD_SIZE", "four")
+    with pytest.raises(ValueError, match="WORLD_SIZE must be an integer"):
+        DecentralizedAdam(nn.Linear(2, 2).parameters())
 
 
 def test_single_process_equals_adamw() -> None:
