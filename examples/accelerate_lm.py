@@ -14,7 +14,10 @@ GPUs (NCCL), 2 nodes x 4 GPUs, bf16 (run on each node with its --machine_rank)::
 Without ``--text`` the script trains on a small built-in corpus. The loop is the usual Accelerate
 loop; the decentralized parts are marked ``# decentadam``: the optimizer, ``prepare`` (no DDP
 wrapper), the metrics hook, evaluation on the consensus model and the checkpoint. ``--resume DIR``
-continues from a checkpoint written by ``--output-dir`` (exactly, with the same number of processes).
+continues from a checkpoint written by ``--output-dir``, exactly as if the run had not stopped (with
+the same number of processes and ``--seed``): every rank's parameters, AccumAdam state, learning-rate
+schedule and random state come from the checkpoint, and the data order from the seed and the
+position saved with it (epoch and batch, through Accelerate's seedable sampler).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import math
 import time
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.utils import set_seed
 from char_data import CharDataset, load_text, split, tiny_gpt2, vocabulary_of
 from torch.utils.data import DataLoader
 
@@ -52,18 +56,28 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=50, help="steps between logs and evaluations")
     parser.add_argument("--output-dir", help="write a checkpoint here at the end")
     parser.add_argument("--resume", help="continue from this checkpoint")
+    parser.add_argument("--seed", type=int, default=0, help="model initialisation and data order")
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    accelerator = Accelerator(gradient_accumulation_steps=args.grad_accum)
+    set_seed(args.seed)
+    accelerator = Accelerator(  # a seedable sampler: the data order is a function of (seed, epoch)
+        gradient_accumulation_steps=args.grad_accum,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
     train_text, val_text = split(load_text(args.text))
     vocabulary = vocabulary_of(train_text)
     train_set = CharDataset(train_text, vocabulary, args.block)
     val_set = CharDataset(val_text, vocabulary, args.block)
-    train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True, drop_last=True)
-    val_loader = DataLoader(val_set, batch_size=args.batch_size)
+    # Loaders with generators of their own: starting to iterate one then draws no number from the
+    # global RNG, which dropout uses, so evaluating or resuming mid-epoch leaves training unchanged.
+    train_loader = DataLoader(
+        train_set, batch_size=args.batch_size, shuffle=True, drop_last=True,
+        generator=torch.Generator().manual_seed(args.seed),
+    )  # fmt: skip
+    val_loader = DataLoader(val_set, batch_size=args.batch_size, generator=torch.Generator())
 
     model = tiny_gpt2(vocabulary, args.block).to(accelerator.device)  # on its device before the optimizer
     optimizer = DecentralizedAdam(  # decentadam
@@ -77,9 +91,10 @@ def main() -> None:
         accelerator, model, optimizer, train_loader, val_loader, scheduler
     )
     log_metrics_every(accelerator, optimizer, every=args.log_every)  # decentadam
-    start_step = 0
+    start_step = epoch = start_batch = 0  # start_batch: micro-batches of `epoch` already trained on
     if args.resume:
-        start_step = int(load_checkpoint(args.resume, model, optimizer, scheduler=scheduler)["step"])
+        extra = load_checkpoint(args.resume, model, optimizer, scheduler=scheduler)
+        start_step, epoch, start_batch = int(extra["step"]), int(extra["epoch"]), int(extra["batch"])
 
     def evaluate() -> float:
         with averaged(model, optimizer), torch.no_grad():  # decentadam: the consensus model
@@ -94,7 +109,11 @@ def main() -> None:
     )
     step, seconds, window = start_step, [], []
     while step < args.steps:
-        for batch in train_loader:
+        train_loader.set_epoch(epoch)
+        epoch_batches = train_loader
+        if start_batch:  # resumed mid-epoch: the same order, without the batches trained on
+            epoch_batches = accelerator.skip_first_batches(train_loader, start_batch)
+        for batch_index, batch in enumerate(epoch_batches, start=start_batch):
             begin = time.perf_counter()
             with accelerator.accumulate(model):
                 loss = model(**batch).loss
@@ -119,12 +138,16 @@ def main() -> None:
                     f"{1e3 * sorted(seconds)[len(seconds) // 2]:.1f} ms/step (median, rank 0)"
                 )
             if step == args.steps:
+                start_batch = batch_index + 1
                 break
+        else:
+            epoch, start_batch = epoch + 1, 0
 
     if args.output_dir:
         save_checkpoint(
-            args.output_dir, model, optimizer, scheduler=scheduler, extra={"step": step}
-        )  # decentadam
+            args.output_dir, model, optimizer, scheduler=scheduler,
+            extra={"step": step, "epoch": epoch, "batch": start_batch},
+        )  # decentadam  # fmt: skip
         accelerator.print(f"saved the consensus model and every rank's state to {args.output_dir}")
 
 

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 pytest.importorskip(
     "transformers", reason="the examples need transformers and accelerate (pip install '.[hf]')"
@@ -28,6 +30,14 @@ def accelerate_launch(*args: str) -> str:
     return process.stdout
 
 
+def last_log(output: str) -> tuple[str, str, str]:
+    """Step, val loss and consensus distance of the last "step ..." line. Not the train loss: that is
+    a mean since the previous log line, which a resumed run and a straight one put at other steps."""
+    words = [line.split() for line in output.splitlines() if line.startswith("step")][-1]
+    assert words[5:7] == ["val", "loss"] and words[8] == "consensus", words  # the layout read below
+    return words[1], words[7], words[11]
+
+
 def test_accelerate_example_trains_saves_and_resumes(tmp_path: Path) -> None:
     checkpoint = tmp_path / "ckpt"
     first = accelerate_launch(
@@ -39,6 +49,15 @@ def test_accelerate_example_trains_saves_and_resumes(tmp_path: Path) -> None:
     assert (checkpoint / "model.safetensors").is_file()
     assert len(list((checkpoint / "decentadam").glob("rank-*.pt"))) == 4
     resumed = accelerate_launch(
-        "--steps", "8", "--log-every", "2", "--block", "32", "--resume", str(checkpoint)
-    )
+        "--steps", "8", "--log-every", "4", "--block", "32", "--resume", str(checkpoint),
+        "--output-dir", str(tmp_path / "resumed"),
+    )  # fmt: skip
     assert [line.split()[1] for line in resumed.splitlines() if line.startswith("step")] == ["8"]
+    # exact: the same as 8 steps without a stop (parameters, AccumAdam state, schedule, RNG, data order)
+    straight = accelerate_launch(
+        "--steps", "8", "--log-every", "4", "--block", "32", "--output-dir", str(tmp_path / "straight")
+    )
+    assert last_log(resumed) == last_log(straight) and last_log(resumed)[0] == "8"
+    ours, reference = (load_file(tmp_path / run / "model.safetensors") for run in ("resumed", "straight"))
+    assert ours.keys() == reference.keys()
+    assert all(torch.equal(ours[key], reference[key]) for key in ours)
