@@ -55,16 +55,20 @@ def save_checkpoint(
     optimizer: Any,
     *,
     scheduler: Any | None = None,
+    scaler: Any | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write a checkpoint of ``model`` at ``path`` atomically (call on every rank).
 
     Args:
-        path: the checkpoint directory; an existing checkpoint there is replaced only once the new
-            one is complete.
+        path: the checkpoint directory: a new path, an empty directory, or an earlier checkpoint,
+            which is replaced only once the new one is complete. Any other existing path raises
+            FileExistsError on every rank (nothing is deleted).
         model: this rank's model (unwrapped from DDP / torch.compile wrappers if needed).
         optimizer: the :class:`DecentralizedAdam` training ``model`` (or Accelerate's wrapper).
         scheduler: an LR scheduler whose ``state_dict`` is saved with each rank's state.
+        scaler: an fp16 loss scaler (``torch.amp.GradScaler``) whose scale and growth tracker are
+            saved; default: the scaler of Accelerate's optimizer wrapper, if any.
         extra: JSON-serialisable values to resume the loop (epoch, batch index, ...), from rank 0.
 
     Returns the checkpoint directory.
@@ -72,50 +76,91 @@ def save_checkpoint(
     final = Path(path)
     opt = unwrap_optimizer(optimizer)
     module = _unwrap_model(model)
+    scaler = scaler if scaler is not None else _accelerate_scaler(optimizer)
     try:
         extra_json = json.dumps(extra or {})
-    except TypeError as error:
-        raise TypeError(f"save_checkpoint: extra must be JSON-serialisable ({error})") from None
+    except TypeError as not_json:
+        raise TypeError(f"save_checkpoint: extra must be JSON-serialisable ({not_json})") from None
     staging = _sibling(final, "incomplete")
-    if opt.rank == 0:
-        _recover(final)
-        if staging.exists():
-            shutil.rmtree(staging)  # left by a run killed while saving
-        (staging / STATE_DIR).mkdir(parents=True)
-    _barrier(opt)
 
+    # Every phase ends with _statuses (a collective, so also a barrier): whatever fails on one rank
+    # makes every rank raise, instead of leaving the others blocked in the next collective.
+    # Phase 1, rank 0 alone: make room. Every rank learns the outcome before any rank writes.
+    refused = False
+    error: Exception | None = None
+    if opt.rank == 0:
+        try:
+            _recover(final)
+            refused = _is_foreign(final)
+            if not refused:
+                if staging.exists():
+                    shutil.rmtree(staging)  # left by a run killed while saving
+                (staging / STATE_DIR).mkdir(parents=True)
+        except Exception as caught:
+            error = caught
+    status = _statuses(opt, _REFUSED if refused else _FAILED if error is not None else _OK)
+    if status[0] == _REFUSED:
+        raise FileExistsError(
+            f"save_checkpoint: {final} exists and is not a decentadam checkpoint (it has no "
+            f"{STATE_DIR}/{META_NAME}); saving would delete what it holds. Pick a new or empty directory."
+        )
+    _raise_if_failed(status, error, f"could not create the staging directory {staging}.")
+
+    # Phase 2, every rank: rank 0 the consensus weights, each rank its own state file.
+    error = None
     with averaged(module, opt):
         if opt.rank == 0:
-            _write_weights(module, staging)
-
+            try:
+                _write_weights(module, staging)
+            except Exception as caught:
+                error = caught
     state = {
         "model": module.state_dict(),
         "optimizer": opt.state_dict(),
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
         "rng": _capture_rng(),
     }
-    _atomic_torch_save(state, staging / STATE_DIR / _rank_file(opt.rank))
-    _barrier(opt)
+    if error is None:
+        try:
+            if not (staging / STATE_DIR).is_dir():
+                raise RuntimeError(
+                    f"save_checkpoint: rank {opt.rank} does not see {staging / STATE_DIR}, which rank 0 "
+                    f"created. {_SHARED_FILESYSTEM}"
+                )
+            _atomic_torch_save(state, staging / STATE_DIR / _rank_file(opt.rank))
+        except Exception as caught:
+            error = caught
+    status = _statuses(opt, _FAILED if error is not None else _OK)
+    if opt.rank == 0 and any(status):
+        shutil.rmtree(staging, ignore_errors=True)
+    _raise_if_failed(status, error, f"could not write their state to {staging}. {_SHARED_FILESYSTEM}")
 
+    # Phase 3, rank 0 alone: the metadata (the completion marker), then the rename into place.
     if opt.rank == 0:
-        missing = [r for r in range(opt.world_size) if not (staging / STATE_DIR / _rank_file(r)).exists()]
-        if missing:
-            raise RuntimeError(
-                f"save_checkpoint: the state files of ranks {missing} are not in {staging}. Every rank must "
-                "write to the same directory: put the checkpoint on a filesystem shared by all nodes."
-            )
-        meta = {
-            "format": FORMAT_VERSION,
-            "decentadam": decentadam.__version__,
-            "world_size": opt.world_size,
-            "topology": opt.topology.name,
-            "local_world_size": opt.topology.local_world_size,
-            "step": opt.step_count,
-            "extra": json.loads(extra_json),
-        }
-        _atomic_write_text(staging / STATE_DIR / META_NAME, json.dumps(meta, indent=2) + "\n")
-        _replace_directory(staging, final)
-    _barrier(opt)
+        try:
+            missing = [r for r in range(opt.world_size) if not (staging / STATE_DIR / _rank_file(r)).exists()]
+            if missing:
+                raise RuntimeError(
+                    f"save_checkpoint: the state files of ranks {missing} are not in {staging}. "
+                    f"{_SHARED_FILESYSTEM}"
+                )
+            meta = {
+                "format": FORMAT_VERSION,
+                "decentadam": decentadam.__version__,
+                "world_size": opt.world_size,
+                "topology": opt.topology.name,
+                "local_world_size": opt.topology.local_world_size,
+                "step": opt.step_count,
+                "extra": json.loads(extra_json),
+            }
+            _atomic_write_text(staging / STATE_DIR / META_NAME, json.dumps(meta, indent=2) + "\n")
+            _replace_directory(staging, final)
+        except Exception as caught:
+            error = caught
+            shutil.rmtree(staging, ignore_errors=True)
+    status = _statuses(opt, _FAILED if error is not None else _OK)
+    _raise_if_failed(status, error, f"could not complete the checkpoint {final}.")
     logger.info("saved checkpoint %s (step %d, %d ranks)", final, opt.step_count, opt.world_size)
     return final
 
@@ -126,15 +171,20 @@ def load_checkpoint(
     optimizer: Any | None = None,
     *,
     scheduler: Any | None = None,
+    scaler: Any | None = None,
     restore_rng: bool = True,
+    allow_topology_change: bool = False,
 ) -> dict[str, Any]:
     """Restore a checkpoint written by :func:`save_checkpoint`; return its ``extra`` dict.
 
     Call on every rank *after* building the optimizer (its construction broadcasts rank 0's weights,
-    which this then replaces with each rank's own). With the world size of the save, each rank gets
-    back its own weights, optimizer, scheduler and RNG states. With another world size, or without
-    an optimizer, every rank loads the consensus weights; the optimizer keeps fresh moments (a
-    warning says so) and the scheduler continues from rank 0's state.
+    which this then replaces with each rank's own). With the world size and topology of the save,
+    each rank gets back its own weights, optimizer, scheduler, loss-scaler and RNG states. With
+    another world size, or without an optimizer, every rank loads the consensus weights; the
+    optimizer keeps fresh moments (a warning says so) and the scheduler and scaler continue from
+    rank 0's state. Another topology or ``local_world_size`` on the same world size raises
+    ValueError, unless ``allow_topology_change=True``, which restarts from the consensus weights in
+    the same way. ``scaler`` defaults to the scaler of Accelerate's optimizer wrapper, if any.
     """
     final = Path(path)
     _recover(final)
@@ -149,31 +199,76 @@ def load_checkpoint(
         raise ValueError(f"{final}: checkpoint format {meta.get('format')} is not supported (expected 1)")
     module = _unwrap_model(model)
     opt = unwrap_optimizer(optimizer) if optimizer is not None else None
+    if scaler is None and optimizer is not None:
+        scaler = _accelerate_scaler(optimizer)
 
-    if opt is not None and meta["world_size"] == opt.world_size:
+    same_world = opt is not None and meta["world_size"] == opt.world_size
+    same_topology = opt is not None and _same_topology(meta, opt)
+    if same_world and not same_topology and not allow_topology_change:
+        assert opt is not None
+        raise ValueError(
+            f"checkpoint {final} was saved with topology {meta['topology']!r} and local_world_size "
+            f"{meta.get('local_world_size')}, but the optimizer uses topology {opt.topology.name!r} and "
+            f"local_world_size {opt.topology.local_world_size}: the resumed run would not continue the saved "
+            f"one. Build the optimizer with topology={meta['topology']!r}, "
+            f"local_world_size={meta.get('local_world_size')}, or pass allow_topology_change=True to restart "
+            "every rank from the consensus weights with fresh optimizer moments."
+        )
+
+    if opt is not None and same_world and same_topology:
         state = _torch_load(final / STATE_DIR / _rank_file(opt.rank))
         module.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         if scheduler is not None and state["scheduler"] is not None:
             scheduler.load_state_dict(state["scheduler"])
+        _load_scaler(scaler, state, final)
         if restore_rng:
             _restore_rng(state["rng"])
         return dict(meta["extra"])
 
     _read_weights(module, final)
     if opt is not None:
+        saved_by, loaded_by = f"{meta['world_size']} ranks", f"{opt.world_size}"
+        if same_world:
+            saved_by += (
+                f" with topology {meta['topology']!r} (local_world_size {meta.get('local_world_size')})"
+            )
+            loaded_by += f" with {opt.topology.name!r} (local_world_size {opt.topology.local_world_size})"
         message = (
-            f"checkpoint {final} was saved by {meta['world_size']} ranks and is loaded by {opt.world_size}: "
+            f"checkpoint {final} was saved by {saved_by} and is loaded by {loaded_by}: "
             "every rank starts from the consensus (averaged) weights with fresh optimizer moments; per-rank "
             "state and RNG streams are not restored."
         )
         warnings.warn(message, UserWarning, stacklevel=2)
         logger.warning(message)
-        if scheduler is not None:
+        if scheduler is not None or scaler is not None:
             rank0 = _torch_load(final / STATE_DIR / _rank_file(0))
-            if rank0["scheduler"] is not None:
+            if scheduler is not None and rank0["scheduler"] is not None:
                 scheduler.load_state_dict(rank0["scheduler"])
+            _load_scaler(scaler, rank0, final)
     return dict(meta["extra"])
+
+
+def _same_topology(meta: dict[str, Any], opt: DecentralizedAdam) -> bool:
+    return bool(
+        meta["topology"] == opt.topology.name
+        and meta.get("local_world_size", opt.topology.local_world_size) == opt.topology.local_world_size
+    )
+
+
+def _accelerate_scaler(optimizer: Any) -> Any | None:
+    """The loss scaler that Accelerate's optimizer wrapper steps with (None for a bare optimizer)."""
+    return getattr(optimizer, "scaler", None) if not isinstance(optimizer, DecentralizedAdam) else None
+
+
+def _load_scaler(scaler: Any | None, state: dict[str, Any], final: Path) -> None:
+    saved = state.get("scaler")
+    if scaler is None or not scaler.is_enabled():
+        return
+    if saved is None:
+        logger.warning("%s holds no loss-scaler state: the scaler keeps its initial scale", final)
+        return
+    scaler.load_state_dict(saved)
 
 
 # ---------------------------------------------------------------------------- files
@@ -262,11 +357,28 @@ def _replace_directory(staging: Path, final: Path) -> None:
 
 
 def _recover(final: Path) -> None:
-    """Undo a save killed between its two renames: bring the previous checkpoint back."""
+    """Undo a save killed between its two renames: bring the previous checkpoint back.
+
+    Every rank of a load runs this at once: one rank's rename wins, the others find ``final`` there.
+    """
     previous = _sibling(final, "previous")
     if not final.exists() and (previous / STATE_DIR / META_NAME).is_file():
-        os.rename(previous, final)
+        try:
+            os.rename(previous, final)
+        except OSError:
+            if (final / STATE_DIR / META_NAME).is_file():
+                return  # another rank restored it first
+            raise
         logger.warning("restored %s from %s (a save was interrupted)", final, previous)
+
+
+def _is_foreign(final: Path) -> bool:
+    """Whether ``final`` holds something other than a checkpoint (an empty directory is fine)."""
+    if not final.exists() and not final.is_symlink():
+        return False
+    if (final / STATE_DIR / META_NAME).is_file():
+        return False
+    return not (final.is_dir() and not final.is_symlink() and not any(final.iterdir()))
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -281,6 +393,35 @@ def _unwrap_model(model: nn.Module) -> nn.Module:
             model = inner
         else:
             return model
+
+
+_OK, _FAILED, _REFUSED = 0, 1, 2
+_SHARED_FILESYSTEM = (
+    "Every rank must write to the same directory: put the checkpoint on a filesystem shared by all "
+    "nodes, and pass an absolute path (or the same working directory on every rank)."
+)
+
+
+def _statuses(opt: DecentralizedAdam, status: int) -> list[int]:
+    """Every rank's ``status`` (_OK, _FAILED, _REFUSED), by rank: a collective, so also a barrier."""
+    if opt.world_size == 1:
+        return [status]
+    values = torch.zeros(opt.world_size, dtype=torch.float32, device=opt._device())
+    values[opt.rank] = status
+    opt.communicator.world_sum(values)
+    return [int(v) for v in values.tolist()]
+
+
+def _raise_if_failed(status: list[int], error: Exception | None, others_failed: str) -> None:
+    """Re-raise this rank's own ``error``; else raise if any other rank failed (all ranks raise)."""
+    if error is not None:
+        raise error
+    failed = [rank for rank, value in enumerate(status) if value != _OK]
+    if failed:
+        raise RuntimeError(
+            f"save_checkpoint: ranks {failed} {others_failed} (those ranks' own errors say more; the "
+            "previous checkpoint, if any, is unchanged)"
+        )
 
 
 def _barrier(opt: DecentralizedAdam) -> None:

@@ -125,10 +125,18 @@ class MetricsHook:
         self.every = every
         self.log_fn = log_fn
         self._since = _counters(self.optimizer)
+        self._last_step = self.optimizer.step_count
+        self._before: RemovableHandle = self.optimizer.register_step_pre_hook(self._before_step)
         self.handle: RemovableHandle = self.optimizer.register_step_post_hook(self._after_step)
 
+    def _before_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        if self.optimizer.step_count != self._last_step:
+            # load_state_dict moved the step counter (a resume): count from this step, not from
+            # construction, or the per-step averages would divide by steps this process never ran.
+            self._since = _counters(self.optimizer)
+
     def _after_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        step = self.optimizer.step_count
+        step = self._last_step = self.optimizer.step_count
         if step % self.every:
             return
         values = metrics(self.optimizer, since=self._since)
@@ -136,6 +144,7 @@ class MetricsHook:
         self.log_fn(values, step)
 
     def remove(self) -> None:
+        self._before.remove()
         self.handle.remove()
 
 

@@ -19,6 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, TensorDataset
 
 from decentadam import DecentralizedAdam
+from decentadam.checkpoint import load_checkpoint, save_checkpoint
 from decentadam.integrations.accelerate import log_metrics_every, prepare
 
 ACCUM = 2
@@ -158,6 +159,63 @@ def fp16_skip(out: dict[str, Any]) -> None:
     )
 
 
+def fp16_resume(out: dict[str, Any], directory: Path) -> None:
+    """Save half-way through an fp16 run whose first step overflowed, resume, compare."""
+
+    def run(start: int, stop: int, load: bool) -> tuple[nn.Module, Any, list[tuple[bool, float]]]:
+        accelerator = Accelerator()
+        # Accelerate only builds a scaler for fp16 on accelerators; install the default GPU one.
+        accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+        model = make_model()
+        optimizer = DecentralizedAdam(model.parameters(), lr=1e-2, topology="ring")
+        loader = make_loader(samples=4 * 4 * 5)
+        model, optimizer, loader = prepare(accelerator, model, optimizer, loader)
+        if load:
+            assert load_checkpoint(directory / "ckpt", model, optimizer) == {"next": start}
+        trace = []
+        for index, (inputs, targets) in enumerate(loader):
+            if not start <= index < stop:
+                continue
+            output = model(inputs)
+            # plus an fp16 activation, as under autocast, whose gradient (the loss scale) overflows
+            # fp16 at the initial scale 2**16 but not at 2**15
+            loss = nn.functional.mse_loss(output, targets) + output.half().float().sum()
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            trace.append((bool(optimizer.step_was_skipped), float(accelerator.scaler.get_scale())))
+        return model, optimizer, trace
+
+    model, optimizer, trace = run(0, 5, load=False)
+    out.update(trace=trace, weights=flat_weights(model), step_count=optimizer.optimizer.step_count)
+    model, optimizer, _ = run(0, 2, load=False)
+    save_checkpoint(directory / "ckpt", model, optimizer, extra={"next": 2})
+    model, optimizer, trace = run(2, 5, load=True)
+    out.update(
+        resumed_trace=trace,
+        resumed_weights=flat_weights(model),
+        resumed_step_count=optimizer.optimizer.step_count,
+    )
+
+
+def flat_weights(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+
+
+def backward_refusals(out: dict[str, Any]) -> None:
+    """overlap="backward" cannot work with an fp16 loss scaler: prepare refuses it."""
+    accelerator = Accelerator()
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    model = make_model()
+    optimizer = DecentralizedAdam(model.parameters(), lr=1e-2, topology="ring", overlap="backward")
+    try:
+        prepare(accelerator, model, optimizer)
+        out["fp16"] = "accepted"
+    except ValueError as error:
+        out["fp16"] = str(error)
+    optimizer.remove_hooks()
+
+
 def bf16(out: dict[str, Any]) -> None:
     """Accelerate's autocast applies to the prepared (unwrapped) model."""
     accelerator = Accelerator(mixed_precision="bf16")
@@ -189,7 +247,10 @@ def main() -> None:
     results: dict[str, Any] = {}
     for name in scenarios:
         results[name] = {}
-        {"loop": loop, "fp16": fp16_skip, "bf16": bf16}[name](results[name])
+        if name == "fp16_resume":
+            fp16_resume(results[name], directory)
+            continue
+        {"loop": loop, "fp16": fp16_skip, "bf16": bf16, "backward": backward_refusals}[name](results[name])
     rank = torch.distributed.get_rank()
     torch.save(results, directory / f"rank{rank}.pt")
 

@@ -34,7 +34,8 @@ def launch(out: Path, scenarios: str, *extra: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return launch(tmp_path_factory.mktemp("accelerate"), "loop,fp16", "--mixed_precision", "no")
+    scenarios = "loop,fp16,fp16_resume,backward"
+    return launch(tmp_path_factory.mktemp("accelerate"), scenarios, "--mixed_precision", "no")
 
 
 def test_no_ddp_and_each_rank_keeps_its_own_gradient(runs: list[dict[str, Any]]) -> None:
@@ -111,6 +112,21 @@ def test_fp16_skip_is_agreed_by_every_rank(runs: list[dict[str, Any]]) -> None:
         assert result["scales"] == [2.0**10, 2.0**10, 2.0**9, 2.0**9, 2.0**9]
         assert result["lrs"] == fp16[0]["lrs"]
         assert result["finite"]
+
+
+def test_fp16_resume_restores_the_loss_scale(runs: list[dict[str, Any]]) -> None:
+    for result in (r["fp16_resume"] for r in runs):
+        # the first step overflows at the initial scale and is skipped; later steps are not
+        assert [skipped for skipped, _ in result["trace"]] == [True, False, False, False, False]
+        # the resumed run continues at the saved scale (2**15), instead of skipping again at 2**16
+        assert result["resumed_trace"] == result["trace"][2:]
+        assert result["resumed_step_count"] == result["step_count"] == 4
+        assert torch.equal(result["resumed_weights"], result["weights"])
+
+
+def test_backward_overlap_is_refused_with_an_fp16_loss_scaler(runs: list[dict[str, Any]]) -> None:
+    message = runs[0]["backward"]["fp16"]
+    assert "before the fp16 loss scaler can unscale" in message and "Use overlap='step'" in message
 
 
 def test_bf16_autocast(tmp_path: Path) -> None:

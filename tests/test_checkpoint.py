@@ -57,6 +57,7 @@ def uninterrupted_worker(rank: int, world_size: int, directory: str) -> dict[str
     optimizer, scheduler = make_training(model)
     torch.manual_seed(77 + rank)  # dropout streams differ per rank; the checkpoint must carry them
     losses = []
+    logged: list[tuple[int, float]] = []
     for step in range(TOTAL):
         if step == SAVE_AT:
             with averaged(model, optimizer):
@@ -64,14 +65,17 @@ def uninterrupted_worker(rank: int, world_size: int, directory: str) -> dict[str
             local = {k: v.clone() for k, v in model.state_dict().items()}
             save_checkpoint(directory, model, optimizer, scheduler=scheduler, extra={"step": step})
             unchanged = all(torch.equal(local[k], v) for k, v in model.state_dict().items())
+            register_metrics_hook(optimizer, 1, lambda v, t: logged.append((t, v["decentadam/comm_mb"])))
         losses.append(train_step(model, optimizer, scheduler, rank, step))
-    return {"losses": losses, "consensus": consensus, "unchanged_by_save": unchanged}
+    return {"losses": losses, "consensus": consensus, "unchanged_by_save": unchanged, "comm_mb": logged}
 
 
 def resumed_worker(rank: int, world_size: int, directory: str) -> dict[str, Any]:
     model = make_model(seed=50 + rank)  # other initial weights: loading must replace them
     optimizer, scheduler = make_training(model)
     torch.manual_seed(12345)  # another RNG state: loading must replace it
+    logged: list[tuple[int, float]] = []  # registered before the load, as log_metrics_every after prepare
+    register_metrics_hook(optimizer, 1, lambda v, t: logged.append((t, v["decentadam/comm_mb"])))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         extra = load_checkpoint(directory, model, optimizer, scheduler=scheduler)
@@ -84,6 +88,7 @@ def resumed_worker(rank: int, world_size: int, directory: str) -> dict[str, Any]
         "step_count": optimizer.step_count,
         "warnings": [str(w.message) for w in caught],
         "lr": scheduler.get_last_lr(),
+        "comm_mb": logged,
     }
 
 
@@ -123,6 +128,20 @@ def test_resume_with_same_world_size_is_bitwise_identical(
         assert resumed[rank]["losses"] == uninterrupted[rank]["losses"][SAVE_AT:], f"rank {rank}"
 
 
+def test_comm_metrics_after_a_resume_count_only_the_steps_since(
+    saved_run: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    directory, uninterrupted = saved_run
+    resumed = run_distributed(resumed_worker, 4, str(directory))
+    for rank in range(4):
+        expected, got = uninterrupted[rank]["comm_mb"], resumed[rank]["comm_mb"]
+        assert [t for t, _ in got] == [t for t, _ in expected] == list(range(SAVE_AT + 1, TOTAL + 1))
+        # the first step after the load also re-exchanges the loaded weights: at least the usual
+        # traffic (not the traffic divided by the SAVE_AT steps that this process never ran)
+        assert got[0][1] >= expected[0][1] > 0
+        assert got[1:] == expected[1:]
+
+
 def test_resume_with_another_world_size_starts_from_the_average(
     saved_run: tuple[Path, list[dict[str, Any]]],
 ) -> None:
@@ -139,11 +158,148 @@ def test_resume_with_another_world_size_starts_from_the_average(
         assert resumed[rank]["step_count"] == TOTAL - SAVE_AT
 
 
+def changed_topology_worker(rank: int, world_size: int, directory: str) -> dict[str, Any]:
+    outcomes: dict[str, Any] = {}
+    for topology, lws in [("ring", 2), ("aer", 1)]:
+        model = make_model(seed=50 + rank)
+        optimizer = DecentralizedAdam(model.parameters(), topology=topology, local_world_size=lws)
+        try:
+            load_checkpoint(directory, model, optimizer)
+            outcomes[f"{topology}-{lws}"] = "loaded"
+        except ValueError as error:
+            outcomes[f"{topology}-{lws}"] = str(error)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_checkpoint(directory, model, optimizer, allow_topology_change=True)
+    outcomes["allowed"] = {k: v.clone() for k, v in model.state_dict().items()}
+    outcomes["warnings"] = [str(w.message) for w in caught]
+    outcomes["step_count"] = optimizer.step_count
+    return outcomes
+
+
+def test_resume_with_another_topology_raises_unless_allowed(
+    saved_run: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    directory, uninterrupted = saved_run
+    results = run_distributed(changed_topology_worker, 4, str(directory))
+    for result in results:
+        assert "topology 'aer' and local_world_size 2" in result["ring-2"]
+        assert "uses topology 'ring' and local_world_size 2" in result["ring-2"]
+        assert "topology='aer', local_world_size=2" in result["ring-2"]
+        assert "allow_topology_change=True" in result["ring-2"]
+        assert "uses topology 'aer' and local_world_size 1" in result["aer-1"]
+        # allowed: every rank restarts from the consensus weights, with a warning
+        assert any("is loaded by 4 with 'aer' (local_world_size 1)" in w for w in result["warnings"])
+        assert result["step_count"] == 0
+        for key, value in uninterrupted[0]["consensus"].items():
+            if value.is_floating_point():
+                torch.testing.assert_close(result["allowed"][key], value, rtol=0, atol=0)
+
+
 def test_load_rejects_a_directory_that_is_not_a_checkpoint(tmp_path: Path) -> None:
     model = make_model(0)
     optimizer = DecentralizedAdam(model.parameters())
     with pytest.raises(FileNotFoundError, match="not a complete decentadam checkpoint"):
         load_checkpoint(tmp_path, model, optimizer)
+
+
+def test_save_refuses_to_replace_what_is_not_a_checkpoint(tmp_path: Path) -> None:
+    model = make_model(0)
+    optimizer = DecentralizedAdam(model.parameters())
+    target = tmp_path / "out"
+    (target / "logs").mkdir(parents=True)
+    (target / "logs" / "train.log").write_text("weeks of logs\n")
+    with pytest.raises(FileExistsError, match=r"out exists and is not a decentadam checkpoint.*new or empty"):
+        save_checkpoint(target, model, optimizer)
+    assert (target / "logs" / "train.log").read_text() == "weeks of logs\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "no staging directory left behind"
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(FileExistsError, match="Pick a new or empty directory"):
+        save_checkpoint(tmp_path / "file", model, optimizer)
+    (tmp_path / "empty").mkdir()
+    save_checkpoint(tmp_path / "empty", model, optimizer, extra={"n": 1})  # an empty directory is fine
+    save_checkpoint(tmp_path / "empty", model, optimizer, extra={"n": 2})  # and so is a checkpoint
+    assert load_checkpoint(tmp_path / "empty", model, optimizer) == {"n": 2}
+
+
+def refused_worker(rank: int, world_size: int, directory: str) -> str:
+    model = make_model(0)
+    optimizer = DecentralizedAdam(model.parameters(), topology="ring")
+    try:
+        save_checkpoint(directory, model, optimizer)
+    except FileExistsError as error:
+        return str(error)
+    return "saved"
+
+
+def test_every_rank_refuses_to_replace_what_is_not_a_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("important\n")
+    results = run_distributed(refused_worker, 2, str(tmp_path / "out"), pg_timeout_s=30)
+    assert all("is not a decentadam checkpoint" in message for message in results), results
+    assert (tmp_path / "out" / "notes.txt").read_text() == "important\n"
+
+
+def unshared_worker(rank: int, world_size: int, shared: str, elsewhere: str) -> dict[str, Any]:
+    os.chdir(shared if rank == 0 else elsewhere)  # "ck" resolves to another directory on rank 1
+    model = make_model(0)
+    optimizer = DecentralizedAdam(model.parameters(), topology="ring")
+    try:
+        save_checkpoint("ck", model, optimizer)
+    except Exception as error:
+        return {"type": type(error).__name__, "message": str(error)}
+    return {"type": None}
+
+
+def test_a_save_that_one_rank_cannot_write_fails_on_every_rank(tmp_path: Path) -> None:
+    shared, elsewhere = tmp_path / "shared", tmp_path / "elsewhere"
+    shared.mkdir()
+    elsewhere.mkdir()
+    # a process group timeout shorter than the run's: a rank left waiting would fail the test
+    results = run_distributed(unshared_worker, 2, str(shared), str(elsewhere), pg_timeout_s=20, timeout_s=60)
+    for rank, result in enumerate(results):
+        assert result["type"] == "RuntimeError", (rank, result)
+        assert "filesystem shared by all nodes" in result["message"]
+    assert "rank 1 does not see" in results[1]["message"]
+    assert "ranks [1] could not write their state" in results[0]["message"]
+    assert list(shared.iterdir()) == [], "the staging directory is removed, nothing is replaced"
+
+
+def test_loads_on_several_ranks_recover_an_interrupted_save_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = make_model(0)
+    optimizer = DecentralizedAdam(model.parameters())
+    directory = tmp_path / "ck"
+    save_checkpoint(directory, model, optimizer, extra={"n": 1})
+    os.rename(directory, tmp_path / ".ck.previous")  # a save killed between its two renames
+    from decentadam import checkpoint
+
+    real_rename = os.rename
+
+    def another_rank_was_first(src: Any, dst: Any) -> None:
+        real_rename(src, dst)  # the other rank's rename ...
+        real_rename(src, dst)  # ... then this rank's, which no longer finds the source
+
+    monkeypatch.setattr(checkpoint.os, "rename", another_rank_was_first)
+    assert load_checkpoint(directory, model, optimizer) == {"n": 1}
+
+
+def test_the_loss_scaler_state_is_saved_and_restored(tmp_path: Path) -> None:
+    model = nn.Linear(4, 1, bias=False)
+    optimizer = DecentralizedAdam(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=3)
+    for _ in range(3):  # an overflow (scale 2**16 -> 2**15), then two good steps (growth tracker 2)
+        scaler.scale(model(torch.ones(1, 4)).half().float().sum()).backward()  # type: ignore[no-untyped-call]
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    saved = scaler.state_dict()
+    assert saved["scale"] == 2.0**15 and saved["_growth_tracker"] == 2
+    save_checkpoint(tmp_path / "ck", model, optimizer, scaler=scaler)
+    fresh = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=3)
+    load_checkpoint(tmp_path / "ck", model, optimizer, scaler=fresh)
+    assert fresh.state_dict() == saved
 
 
 def test_extra_must_be_json(tmp_path: Path) -> None:

@@ -47,6 +47,10 @@ def losses(history: list[dict[str, Any]]) -> dict[int, float]:
     return {entry["step"]: entry["loss"] for entry in history if "loss" in entry}
 
 
+def comm_mb(history: list[dict[str, Any]]) -> dict[int, float]:
+    return {entry["step"]: entry["decentadam/comm_mb"] for entry in history if "loss" in entry}
+
+
 def flat(state: dict[str, torch.Tensor] | Any) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in state.parameters()])
 
@@ -105,6 +109,40 @@ def test_evaluation_and_checkpoints_use_the_consensus_model(fresh: tuple[Path, l
     ]
 
 
+def test_resume_true_skips_a_checkpoint_without_every_rank_rng_state(
+    fresh: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    from decentadam.integrations.trainer import _last_complete_checkpoint
+
+    run_dir, _ = fresh
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    assert _last_complete_checkpoint(str(copy)) == str(copy / "checkpoint-6")
+    (copy / "checkpoint-6" / "rng_state_1.pth").unlink()  # rank 1 had not written it yet
+    assert _last_complete_checkpoint(str(copy)) == str(copy / "checkpoint-3")
+
+
+@pytest.mark.parametrize("max_grad_norm", [1.0, 0.5])
+def test_backward_overlap_is_refused_with_gradient_clipping(tmp_path: Path, max_grad_norm: float) -> None:
+    from transformers import TrainingArguments
+
+    from decentadam.integrations.trainer import DecentralizedArguments, DecentralizedTrainer
+    from tests.trainer_worker import Sequences, make_model
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, max_grad_norm=max_grad_norm, report_to=[], max_steps=1
+    )
+    with pytest.raises(
+        ValueError, match=r"overlap='backward'.*max_grad_norm.*overlap='step'.*max_grad_norm=0"
+    ):
+        DecentralizedTrainer(
+            model=make_model(),
+            args=args,
+            train_dataset=Sequences(8, seed=1),
+            decentralized=DecentralizedArguments(overlap="backward", accum_steps=1),
+        )
+
+
 def test_resume_skips_an_incomplete_checkpoint_and_is_bitwise_identical(
     fresh: tuple[Path, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
@@ -118,6 +156,11 @@ def test_resume_skips_an_incomplete_checkpoint_and_is_bitwise_identical(
         got = losses(resumed[rank]["history"])  # steps 1-3 come from checkpoint-3's trainer state
         assert got == expected
         assert torch.equal(resumed[rank]["local"], uninterrupted[rank]["local"])
+        # communication per step counts from the resume (step 3), not from step 0; the first step
+        # after it also re-exchanges the loaded weights
+        expected_mb, got_mb = comm_mb(uninterrupted[rank]["history"]), comm_mb(resumed[rank]["history"])
+        assert got_mb[4] >= expected_mb[4] > 0
+        assert got_mb[5] == expected_mb[5] and got_mb[6] == expected_mb[6]
 
 
 def test_resume_on_another_world_size_warns_and_starts_from_the_average(
@@ -127,3 +170,13 @@ def test_resume_on_another_world_size_warns_and_starts_from_the_average(
     result = launch(tmp_path / "out", str(run_dir / "checkpoint-3"), tmp_path / "run", 1)[0]
     assert any("saved by 4 ranks and is resumed by 1" in w for w in result["warnings"])
     assert sorted(losses(result["history"])) == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_with_another_topology_is_refused(
+    fresh: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    run_dir, _ = fresh
+    scenario = f"topology:ring={run_dir / 'checkpoint-3'}"  # saved with aer
+    for result in launch(tmp_path / "out", scenario, tmp_path / "run", WORLD):
+        assert "saved with topology 'aer' and local_world_size 2, but this run uses 'ring'" in result["error"]
+        assert "DecentralizedArguments(topology='aer', local_world_size=2)" in result["error"]

@@ -97,7 +97,7 @@ def arguments(run_dir: Path, max_steps: int) -> TrainingArguments:
     )
 
 
-def train(out: dict[str, Any], run_dir: Path, resume: str | bool | None) -> None:
+def train(out: dict[str, Any], run_dir: Path, resume: str | bool | None, topology: str = "aer") -> None:
     model = make_model()
     initial = copy.deepcopy(model.state_dict())
     recorder = Recorder()
@@ -107,11 +107,15 @@ def train(out: dict[str, Any], run_dir: Path, resume: str | bool | None) -> None
         train_dataset=Sequences(256, seed=1),
         eval_dataset=Sequences(32, seed=2),
         callbacks=[recorder],
-        decentralized=DecentralizedArguments(topology="aer", accum_steps=2, local_world_size=2),
+        decentralized=DecentralizedArguments(topology=topology, accum_steps=2, local_world_size=2),
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.train(resume_from_checkpoint=resume)
+        try:
+            trainer.train(resume_from_checkpoint=resume)
+        except ValueError as error:  # a refused resume: every rank raises the same
+            out["error"] = str(error)
+            return
     local = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
     metrics = trainer.evaluate()
     after = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
@@ -149,8 +153,11 @@ def train(out: dict[str, Any], run_dir: Path, resume: str | bool | None) -> None
 def main() -> None:
     out_dir, scenario, run_dir = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     out: dict[str, Any] = {}
+    topology = "aer"
+    if scenario.startswith("topology:"):  # "topology:NAME=CHECKPOINT": resume it with another topology
+        topology, _, scenario = scenario.removeprefix("topology:").partition("=")
     resume: str | bool | None = {"fresh": None, "resume-last": True}.get(scenario, scenario)
-    train(out, run_dir, resume)
+    train(out, run_dir, resume, topology)
     rank = int(os.environ.get("RANK", "0"))
     torch.save(out, out_dir / f"rank{rank}.pt")
 

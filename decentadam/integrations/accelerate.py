@@ -28,7 +28,10 @@ What :func:`prepare` changes against ``accelerator.prepare``:
   usual. ``accelerator.accumulate`` then gives one exchange per optimizer step (none per
   micro-batch) and prepared schedulers step as under DDP.
 
-Gradient norms (``accelerator.clip_grad_norm_``) are per rank: each rank clips its own gradient.
+Gradient norms (``accelerator.clip_grad_norm_``) are per rank: each rank clips its own gradient
+(with ``overlap="step"``; under ``overlap="backward"`` clipping has no effect, see :func:`prepare`).
+:func:`~decentadam.checkpoint.save_checkpoint` and ``load_checkpoint`` take the fp16 loss scaler
+from the prepared optimizer, so a resumed fp16 run continues from the saved scale.
 Save with :func:`decentadam.checkpoint.save_checkpoint`: ``accelerator.save_state`` writes only
 rank 0's model and optimizer, which loses the other ranks' state.
 """
@@ -65,6 +68,12 @@ def prepare(accelerator: Accelerator, *objects: Any, device_placement: list[bool
 
     ``objects`` must include the :class:`DecentralizedAdam` that trains the models. Returns the
     prepared objects in the same order (one object alone is returned as is, like Accelerate).
+
+    A ``DecentralizedAdam(overlap="backward")`` updates each bucket of weights inside backward, as
+    soon as its gradients are final. It is refused with gradient accumulation and with an fp16 loss
+    scaler (``mixed_precision="fp16"``). ``accelerator.clip_grad_norm_`` cannot be refused, and has
+    no effect in that mode: the weights are already updated when it runs. Use ``overlap="step"``
+    (the default) to clip gradients.
     """
     if accelerator.distributed_type in _UNSUPPORTED:
         raise ValueError(
@@ -144,6 +153,12 @@ def _check_optimizer(
             "DecentralizedAdam(overlap='backward') updates each bucket during backward, so it cannot "
             f"accumulate gradients over {accelerator.gradient_accumulation_steps} micro-batches; use "
             "overlap='step' with gradient_accumulation_steps > 1"
+        )
+    if optimizer.overlap == "backward" and accelerator.scaler is not None and accelerator.scaler.is_enabled():
+        raise ValueError(
+            "DecentralizedAdam(overlap='backward') updates the weights during backward with the loss-scaled "
+            "gradients, before the fp16 loss scaler can unscale them or skip an overflowing step. Use "
+            "overlap='step' with mixed_precision='fp16', or train in bf16."
         )
     devices = {_canonical(p.device) for group in optimizer.param_groups for p in group["params"]}
     model_moves = any(

@@ -48,7 +48,7 @@ from torch import nn
 from transformers import Trainer
 
 from decentadam.amp import SyncedGradScaler
-from decentadam.checkpoint import _atomic_torch_save, _atomic_write_text, _torch_load
+from decentadam.checkpoint import _atomic_torch_save, _atomic_write_text, _barrier, _torch_load
 from decentadam.consensus import _counters, averaged, metrics, unwrap_optimizer
 from decentadam.decentralized import DecentralizedAdam
 
@@ -102,12 +102,34 @@ class DecentralizedTrainer(Trainer):
                 "decentralized training keeps a full model on every rank; it cannot run with DeepSpeed or "
                 "FSDP. Remove the deepspeed / fsdp training arguments."
             )
-        if self.decentralized.overlap == "backward" and self.args.gradient_accumulation_steps > 1:
+        self._check_backward_overlap()
+        self._metrics_since: tuple[float, int, int] | None = None
+
+    def _check_backward_overlap(self) -> None:
+        """overlap="backward" updates each bucket inside backward: nothing may act on the gradients later."""
+        overlap = self.decentralized.overlap
+        if self.optimizer is not None:
+            overlap = unwrap_optimizer(self.optimizer).overlap
+        if overlap != "backward":
+            return
+        if self.args.gradient_accumulation_steps > 1:
             raise ValueError(
                 "DecentralizedArguments(overlap='backward') cannot accumulate gradients over "
                 f"{self.args.gradient_accumulation_steps} micro-batches; use overlap='step'"
             )
-        self._metrics_since: tuple[float, int, int] | None = None
+        if self.args.max_grad_norm is not None and self.args.max_grad_norm > 0:
+            raise ValueError(
+                f"overlap='backward' updates the weights during backward, before Trainer clips gradients to "
+                f"max_grad_norm={self.args.max_grad_norm}, so clipping would do nothing. Use overlap='step' "
+                "(DecentralizedArguments(overlap='step')), or set TrainingArguments(max_grad_norm=0) to "
+                "train without clipping."
+            )
+        if self.accelerator.scaler is not None and self.accelerator.scaler.is_enabled():
+            raise ValueError(
+                "overlap='backward' updates the weights during backward with the loss-scaled gradients, "
+                "before the fp16 loss scaler can unscale them or skip an overflowing step. Use "
+                "overlap='step' (DecentralizedArguments(overlap='step')) with fp16, or train in bf16."
+            )
 
     # ---------------------------------------------------------------- optimizer and model wrapping
 
@@ -195,22 +217,40 @@ class DecentralizedTrainer(Trainer):
             "optimizer": opt.state_dict(),
         }
         _atomic_torch_save(state, directory / f"rank-{opt.rank:05d}.pt")
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        super()._save_rng_state(output_dir)  # rng_state_<rank>.pth, each rank its own
+        opt = self._decentralized()
+        if opt is None:
+            return
+        # The completion marker comes last: once every rank's state and RNG files are written.
+        _barrier(opt)
         if opt.rank == 0:
-            meta = {"world_size": opt.world_size, "topology": opt.topology.name, "step": opt.step_count}
-            _atomic_write_text(directory / META_NAME, json.dumps(meta, indent=2) + "\n")
+            meta = {
+                "world_size": opt.world_size,
+                "topology": opt.topology.name,
+                "local_world_size": opt.topology.local_world_size,
+                "step": opt.step_count,
+            }
+            _atomic_write_text(Path(output_dir) / STATE_DIR / META_NAME, json.dumps(meta, indent=2) + "\n")
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
         opt = self._decentralized()
         if checkpoint is None or opt is None:
             return
+        self._load_own_state(checkpoint, opt)
+        # The step counter jumped to the checkpoint's: count communication from here, not from 0.
+        self._metrics_since = _counters(opt)
+
+    def _load_own_state(self, checkpoint: str, opt: DecentralizedAdam) -> None:
         meta_path = Path(checkpoint) / STATE_DIR / META_NAME
         if not meta_path.is_file():
             warnings.warn(
                 f"{checkpoint} has no per-rank decentadam state: every rank resumes from the consensus "
                 "weights and rank 0's optimizer state.",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
             return
         meta = json.loads(meta_path.read_text())
@@ -220,9 +260,19 @@ class DecentralizedTrainer(Trainer):
                 f"{opt.world_size}: every rank starts from the consensus (averaged) weights with rank 0's "
                 "optimizer state."
             )
-            warnings.warn(message, UserWarning, stacklevel=2)
+            warnings.warn(message, UserWarning, stacklevel=3)
             logger.warning(message)
             return
+        saved = (meta["topology"], meta.get("local_world_size", opt.topology.local_world_size))
+        if saved != (opt.topology.name, opt.topology.local_world_size):
+            raise ValueError(
+                f"checkpoint {checkpoint} was saved with topology {saved[0]!r} and local_world_size "
+                f"{saved[1]}, but this run uses {opt.topology.name!r} and {opt.topology.local_world_size}: "
+                "the resumed run would not continue the saved one. Resume with "
+                f"DecentralizedArguments(topology={saved[0]!r}, local_world_size={saved[1]}), or start a "
+                "new run from the checkpoint's consensus weights (from_pretrained), without "
+                "resume_from_checkpoint."
+            )
         # Trainer loaded the consensus weights and rank 0's optimizer; each rank takes its own back.
         state = _torch_load(Path(checkpoint) / STATE_DIR / f"rank-{opt.rank:05d}.pt")
         self.accelerator.unwrap_model(self.model).load_state_dict(state["model"])
@@ -262,9 +312,14 @@ def _last_complete_checkpoint(output_dir: str) -> str:
 
 
 def _is_complete(path: Path) -> bool:
+    """Trainer state, our marker (written after every rank's files), and every rank's files."""
     try:
         json.loads((path / "trainer_state.json").read_text())
         meta = json.loads((path / STATE_DIR / META_NAME).read_text())
     except (OSError, ValueError):
         return False
-    return all((path / STATE_DIR / f"rank-{r:05d}.pt").is_file() for r in range(meta["world_size"]))
+    world_size = int(meta["world_size"])
+    files = [path / STATE_DIR / f"rank-{r:05d}.pt" for r in range(world_size)]
+    if world_size > 1:  # Trainer names its RNG file rng_state.pth in one process
+        files += [path / f"rng_state_{r}.pth" for r in range(world_size)]
+    return all(file.is_file() for file in files)
