@@ -296,6 +296,14 @@ def _write_weights(module: nn.Module, directory: Path) -> None:
 
 
 def _read_weights(module: nn.Module, directory: Path) -> None:
+    """Load the consensus weights into ``module``, the way :func:`_write_weights` wrote them."""
+    from_pretrained = getattr(type(module), "from_pretrained", None)
+    if callable(from_pretrained) and (directory / "config.json").is_file():
+        # save_pretrained may rename keys (transformers converts some architectures, MoE experts
+        # among them, to their published layout) and shards large models; its loader undoes both
+        loaded = from_pretrained(str(directory))
+        module.load_state_dict(loaded.state_dict())
+        return
     try:
         from safetensors.torch import load_model
     except ImportError:

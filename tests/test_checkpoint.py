@@ -411,3 +411,22 @@ def test_averaged_model_includes_buffers_and_restores_them() -> None:
         numel = sum(v.numel() for k, v in result["local"].items() if "running" not in k and "num" not in k)
         # ring: every step sends every parameter once (float32)
         assert values["decentadam/comm_mb"] == pytest.approx(numel * 4 / 2**20, rel=1e-12)
+
+
+def test_consensus_weights_of_a_model_whose_save_pretrained_renames_keys_load_back(tmp_path: Path) -> None:
+    # transformers 5 writes Mixtral's experts in their published per-expert layout, not the module's
+    # fused one: reading model.safetensors by the module's own keys failed
+    transformers = pytest.importorskip("transformers", reason="needs transformers (pip install '.[hf]')")
+    config = transformers.MixtralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(config)
+    save_checkpoint(tmp_path / "ckpt", model, DecentralizedAdam(model.parameters()))
+    torch.manual_seed(1)
+    other = transformers.MixtralForCausalLM(config)
+    load_checkpoint(tmp_path / "ckpt", other)  # no optimizer: the consensus weights
+    expected, got = model.state_dict(), other.state_dict()
+    assert got.keys() == expected.keys()
+    assert all(torch.equal(got[key], expected[key]) for key in expected)
