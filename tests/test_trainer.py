@@ -98,6 +98,8 @@ def test_evaluation_and_checkpoints_use_the_consensus_model(fresh: tuple[Path, l
     for result in results:
         assert torch.equal(result["eval_weights"], results[0]["eval_weights"]), "evaluated the average"
         assert torch.equal(result["after_eval"], result["local"]), "local weights come back"
+        assert torch.equal(result["predict_weights"], results[0]["eval_weights"]), "predicted with it"
+        assert torch.equal(result["after_predict"], result["local"])
     assert not torch.equal(results[0]["local"], results[1]["local"])
     from transformers import GPT2LMHeadModel
 

@@ -49,9 +49,14 @@ class Recorder(TrainerCallback):  # type: ignore[misc]
 
     def __init__(self) -> None:
         self.eval_weights: list[torch.Tensor] = []
+        self.predict_weights: list[torch.Tensor] = []
 
     def on_evaluate(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self.eval_weights.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone())
+
+    def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
+        model = kwargs["model"]
+        self.predict_weights.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone())
 
 
 class RecordingTrainer(DecentralizedTrainer):
@@ -119,6 +124,8 @@ def train(out: dict[str, Any], run_dir: Path, resume: str | bool | None, topolog
     local = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
     metrics = trainer.evaluate()
     after = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+    trainer.predict(Sequences(8, seed=3))
+    after_predict = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
     out.update(
         history=trainer.state.log_history,
         wrapped=type(trainer.model_wrapped).__name__,
@@ -127,6 +134,8 @@ def train(out: dict[str, Any], run_dir: Path, resume: str | bool | None, topolog
         eval_weights=recorder.eval_weights[-1],
         local=local,
         after_eval=after,
+        predict_weights=recorder.predict_weights[-1],
+        after_predict=after_predict,
         warnings=[
             str(w.message) for w in caught if "decentadam" in str(w.message) or "ranks" in str(w.message)
         ],

@@ -194,6 +194,14 @@ class DecentralizedTrainer(Trainer):
         with averaged(self._module(), opt):
             return dict(super().evaluate(*args, **kwargs))
 
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        """Predict with the consensus model, as :meth:`evaluate` does; local weights come back after."""
+        opt = self._decentralized()
+        if opt is None or opt.world_size == 1:
+            return super().predict(*args, **kwargs)
+        with averaged(self._module(), opt):
+            return super().predict(*args, **kwargs)
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the consensus model (call on every rank: averaging is a collective)."""
         opt = self._decentralized()
