@@ -354,6 +354,8 @@ def _replace_directory(staging: Path, final: Path) -> None:
         if file.is_file():
             with open(file, "rb") as handle:
                 os.fsync(handle.fileno())
+    for directory in [*(d for d in staging.rglob("*") if d.is_dir()), staging]:
+        _fsync_directory(directory)  # the renames of the files into them (a power loss keeps them)
     previous = _sibling(final, "previous")
     if previous.exists():
         shutil.rmtree(previous)
