@@ -1,14 +1,10 @@
 """Checkpoints of decentralized training: the consensus model for users, per-rank state for resuming.
 
-A checkpoint is a directory::
-
-    path/
-      model.safetensors            consensus average of every rank's weights (parameters and float
-      (config.json, ...)           buffers); Hugging Face models are written with save_pretrained,
-                                   so ``AutoModel.from_pretrained(path)`` loads it
-      decentadam/meta.json         world size, topology, optimizer step, user ``extra``; written last
-      decentadam/rank-00003.pt     rank 3's own weights, optimizer state (Adam moments, step
-                                   counter), scheduler and RNG states: everything an exact resume needs
+A checkpoint is a directory laid out as :mod:`decentadam.checkpoint_files` describes: the consensus
+average of every rank's weights (parameters and float buffers; Hugging Face models are written with
+``save_pretrained``, so ``AutoModel.from_pretrained(path)`` loads it), and each rank's own weights,
+optimizer state (Adam moments, step counter), scheduler, loss-scaler and RNG states: everything an
+exact resume needs.
 
 Every rank calls :func:`save_checkpoint` and :func:`load_checkpoint` at the same point (they are
 collectives); ``path`` must be on a filesystem that every rank sees. Writes are atomic: everything
@@ -35,18 +31,13 @@ from typing import Any
 import torch
 from torch import nn
 
-import decentadam
+from decentadam import checkpoint_files as files
 from decentadam.consensus import averaged, unwrap_optimizer
 from decentadam.decentralized import DecentralizedAdam
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 
 logger = logging.getLogger(__name__)
-
-FORMAT_VERSION = 1
-WEIGHTS_NAME = "model.safetensors"
-STATE_DIR = "decentadam"
-META_NAME = "meta.json"
 
 
 def save_checkpoint(
@@ -81,7 +72,7 @@ def save_checkpoint(
         extra_json = json.dumps(extra or {})
     except TypeError as not_json:
         raise TypeError(f"save_checkpoint: extra must be JSON-serialisable ({not_json})") from None
-    staging = _sibling(final, "incomplete")
+    staging = files.sibling(final, "incomplete")
 
     # Every phase ends with _statuses (a collective, so also a barrier): whatever fails on one rank
     # makes every rank raise, instead of leaving the others blocked in the next collective.
@@ -90,19 +81,19 @@ def save_checkpoint(
     error: Exception | None = None
     if opt.rank == 0:
         try:
-            _recover(final)
-            refused = _is_foreign(final)
+            files.recover(final)
+            refused = files.is_foreign(final)
             if not refused:
                 if staging.exists():
                     shutil.rmtree(staging)  # left by a run killed while saving
-                (staging / STATE_DIR).mkdir(parents=True)
+                files.state_dir(staging).mkdir(parents=True)
         except Exception as caught:
             error = caught
     status = _statuses(opt, _REFUSED if refused else _FAILED if error is not None else _OK)
     if status[0] == _REFUSED:
         raise FileExistsError(
             f"save_checkpoint: {final} exists and is not a decentadam checkpoint (it has no "
-            f"{STATE_DIR}/{META_NAME}); saving would delete what it holds. Pick a new or empty directory."
+            f"{files.meta_file(final)}); saving would delete what it holds. Pick a new or empty directory."
         )
     _raise_if_failed(status, error, f"could not create the staging directory {staging}.")
 
@@ -123,12 +114,12 @@ def save_checkpoint(
     }
     if error is None:
         try:
-            if not (staging / STATE_DIR).is_dir():
+            if not files.state_dir(staging).is_dir():
                 raise RuntimeError(
-                    f"save_checkpoint: rank {opt.rank} does not see {staging / STATE_DIR}, which rank 0 "
-                    f"created. {_SHARED_FILESYSTEM}"
+                    f"save_checkpoint: rank {opt.rank} does not see {files.state_dir(staging)}, which "
+                    f"rank 0 created. {_SHARED_FILESYSTEM}"
                 )
-            _atomic_torch_save(state, staging / STATE_DIR / _rank_file(opt.rank))
+            files.save_rank_state(staging, opt.rank, state)
         except Exception as caught:
             error = caught
     status = _statuses(opt, _FAILED if error is not None else _OK)
@@ -139,23 +130,14 @@ def save_checkpoint(
     # Phase 3, rank 0 alone: the metadata (the completion marker), then the rename into place.
     if opt.rank == 0:
         try:
-            missing = [r for r in range(opt.world_size) if not (staging / STATE_DIR / _rank_file(r)).exists()]
+            missing = files.missing_rank_files(staging, opt.world_size)
             if missing:
                 raise RuntimeError(
                     f"save_checkpoint: the state files of ranks {missing} are not in {staging}. "
                     f"{_SHARED_FILESYSTEM}"
                 )
-            meta = {
-                "format": FORMAT_VERSION,
-                "decentadam": decentadam.__version__,
-                "world_size": opt.world_size,
-                "topology": opt.topology.name,
-                "local_world_size": opt.topology.local_world_size,
-                "step": opt.step_count,
-                "extra": json.loads(extra_json),
-            }
-            _atomic_write_text(staging / STATE_DIR / META_NAME, json.dumps(meta, indent=2) + "\n")
-            _replace_directory(staging, final)
+            files.write_meta(staging, opt, json.loads(extra_json))
+            files.replace_directory(staging, final)
         except Exception as caught:
             error = caught
             shutil.rmtree(staging, ignore_errors=True)
@@ -187,36 +169,25 @@ def load_checkpoint(
     the same way. ``scaler`` defaults to the scaler of Accelerate's optimizer wrapper, if any.
     """
     final = Path(path)
-    _recover(final)
-    meta_path = final / STATE_DIR / META_NAME
-    if not meta_path.is_file():
-        raise FileNotFoundError(
-            f"{final} is not a complete decentadam checkpoint ({meta_path} is missing). Pass the directory "
-            "that save_checkpoint wrote."
-        )
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != FORMAT_VERSION:
-        raise ValueError(f"{final}: checkpoint format {meta.get('format')} is not supported (expected 1)")
+    files.recover(final)
+    meta = files.read_meta(final)
     module = _unwrap_model(model)
     opt = unwrap_optimizer(optimizer) if optimizer is not None else None
     if scaler is None and optimizer is not None:
         scaler = _accelerate_scaler(optimizer)
 
-    same_world = opt is not None and meta["world_size"] == opt.world_size
-    same_topology = opt is not None and _same_topology(meta, opt)
-    if same_world and not same_topology and not allow_topology_change:
+    exact = opt is not None and files.check_resumable(
+        meta,
+        opt,
+        final,
+        allow_topology_change=allow_topology_change,
+        fix=f"Build the optimizer with topology={meta['topology']!r}, "
+        f"local_world_size={meta.get('local_world_size')}, or pass allow_topology_change=True to restart "
+        "every rank from the consensus weights with fresh optimizer moments.",
+    )
+    if exact:
         assert opt is not None
-        raise ValueError(
-            f"checkpoint {final} was saved with topology {meta['topology']!r} and local_world_size "
-            f"{meta.get('local_world_size')}, but the optimizer uses topology {opt.topology.name!r} and "
-            f"local_world_size {opt.topology.local_world_size}: the resumed run would not continue the saved "
-            f"one. Build the optimizer with topology={meta['topology']!r}, "
-            f"local_world_size={meta.get('local_world_size')}, or pass allow_topology_change=True to restart "
-            "every rank from the consensus weights with fresh optimizer moments."
-        )
-
-    if opt is not None and same_world and same_topology:
-        state = _torch_load(final / STATE_DIR / _rank_file(opt.rank))
+        state = files.load_rank_state(final, opt.rank)
         module.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         if scheduler is not None and state["scheduler"] is not None:
@@ -229,7 +200,7 @@ def load_checkpoint(
     _read_weights(module, final)
     if opt is not None:
         saved_by, loaded_by = f"{meta['world_size']} ranks", f"{opt.world_size}"
-        if same_world:
+        if meta["world_size"] == opt.world_size:
             saved_by += (
                 f" with topology {meta['topology']!r} (local_world_size {meta.get('local_world_size')})"
             )
@@ -242,18 +213,11 @@ def load_checkpoint(
         warnings.warn(message, UserWarning, stacklevel=2)
         logger.warning(message)
         if scheduler is not None or scaler is not None:
-            rank0 = _torch_load(final / STATE_DIR / _rank_file(0))
+            rank0 = files.load_rank_state(final, 0)
             if scheduler is not None and rank0["scheduler"] is not None:
                 scheduler.load_state_dict(rank0["scheduler"])
             _load_scaler(scaler, rank0, final)
     return dict(meta["extra"])
-
-
-def _same_topology(meta: dict[str, Any], opt: DecentralizedAdam) -> bool:
-    return bool(
-        meta["topology"] == opt.topology.name
-        and meta.get("local_world_size", opt.topology.local_world_size) == opt.topology.local_world_size
-    )
 
 
 def _accelerate_scaler(optimizer: Any) -> Any | None:
@@ -274,14 +238,6 @@ def _load_scaler(scaler: Any | None, state: dict[str, Any], final: Path) -> None
 # ---------------------------------------------------------------------------- files
 
 
-def _rank_file(rank: int) -> str:
-    return f"rank-{rank:05d}.pt"
-
-
-def _sibling(final: Path, tag: str) -> Path:
-    return final.parent / f".{final.name}.{tag}"
-
-
 def _write_weights(module: nn.Module, directory: Path) -> None:
     """The consensus weights as safetensors (save_pretrained for Hugging Face models)."""
     save_pretrained = getattr(module, "save_pretrained", None)
@@ -292,7 +248,7 @@ def _write_weights(module: nn.Module, directory: Path) -> None:
         from safetensors.torch import save_model
     except ImportError:
         raise ImportError("checkpoints need safetensors: pip install safetensors") from None
-    save_model(module, str(directory / WEIGHTS_NAME))
+    save_model(module, str(directory / files.WEIGHTS_NAME))
 
 
 def _read_weights(module: nn.Module, directory: Path) -> None:
@@ -308,87 +264,10 @@ def _read_weights(module: nn.Module, directory: Path) -> None:
         from safetensors.torch import load_model
     except ImportError:
         raise ImportError("checkpoints need safetensors: pip install safetensors") from None
-    weights = directory / WEIGHTS_NAME
+    weights = directory / files.WEIGHTS_NAME
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} is missing: the checkpoint has no consensus weights")
     load_model(module, str(weights))
-
-
-def _atomic_torch_save(obj: object, target: Path) -> None:
-    temporary = target.with_name(target.name + ".tmp")
-    with open(temporary, "wb") as handle:
-        torch.save(obj, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, target)
-
-
-def _atomic_write_text(target: Path, text: str) -> None:
-    temporary = target.with_name(target.name + ".tmp")
-    with open(temporary, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, target)
-
-
-def _torch_load(file: Path) -> dict[str, Any]:
-    if not file.is_file():
-        raise FileNotFoundError(f"{file} is missing: the checkpoint is incomplete")
-    # Our own file; it holds Python and NumPy RNG states, which weights_only loading rejects.
-    state: dict[str, Any] = torch.load(file, map_location="cpu", weights_only=False)
-    return state
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _replace_directory(staging: Path, final: Path) -> None:
-    """Move the complete ``staging`` to ``final``; the old ``final`` survives until then."""
-    for file in staging.rglob("*"):
-        if file.is_file():
-            with open(file, "rb") as handle:
-                os.fsync(handle.fileno())
-    for directory in [*(d for d in staging.rglob("*") if d.is_dir()), staging]:
-        _fsync_directory(directory)  # the renames of the files into them (a power loss keeps them)
-    previous = _sibling(final, "previous")
-    if previous.exists():
-        shutil.rmtree(previous)
-    if final.exists():
-        os.rename(final, previous)  # killed here: _recover() puts it back
-    os.rename(staging, final)
-    _fsync_directory(final.parent)
-    shutil.rmtree(previous, ignore_errors=True)
-
-
-def _recover(final: Path) -> None:
-    """Undo a save killed between its two renames: bring the previous checkpoint back.
-
-    Every rank of a load runs this at once: one rank's rename wins, the others find ``final`` there.
-    """
-    previous = _sibling(final, "previous")
-    if not final.exists() and (previous / STATE_DIR / META_NAME).is_file():
-        try:
-            os.rename(previous, final)
-        except OSError:
-            if (final / STATE_DIR / META_NAME).is_file():
-                return  # another rank restored it first
-            raise
-        logger.warning("restored %s from %s (a save was interrupted)", final, previous)
-
-
-def _is_foreign(final: Path) -> bool:
-    """Whether ``final`` holds something other than a checkpoint (an empty directory is fine)."""
-    if not final.exists() and not final.is_symlink():
-        return False
-    if (final / STATE_DIR / META_NAME).is_file():
-        return False
-    return not (final.is_dir() and not final.is_symlink() and not any(final.iterdir()))
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -416,7 +295,7 @@ def _statuses(opt: DecentralizedAdam, status: int) -> list[int]:
     """Every rank's ``status`` (_OK, _FAILED, _REFUSED), by rank: a collective, so also a barrier."""
     if opt.world_size == 1:
         return [status]
-    values = torch.zeros(opt.world_size, dtype=torch.float32, device=opt._device())
+    values = torch.zeros(opt.world_size, dtype=torch.float32, device=opt.device)
     values[opt.rank] = status
     opt.communicator.world_sum(values)
     return [int(v) for v in values.tolist()]
@@ -432,11 +311,6 @@ def _raise_if_failed(status: list[int], error: Exception | None, others_failed: 
             f"save_checkpoint: ranks {failed} {others_failed} (those ranks' own errors say more; the "
             "previous checkpoint, if any, is unchanged)"
         )
-
-
-def _barrier(opt: DecentralizedAdam) -> None:
-    if opt.world_size > 1:
-        opt.communicator.world_sum(torch.zeros(1, device=opt._device()))
 
 
 def _capture_rng() -> dict[str, Any]:

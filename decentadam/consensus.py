@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from decentadam.decentralized import DecentralizedAdam
+from decentadam.decentralized import CommStats, DecentralizedAdam
 
 __all__ = ["MetricsHook", "averaged", "metrics", "register_metrics_hook", "unwrap_optimizer"]
 
@@ -82,25 +82,28 @@ def _average_buffers(
     return saved
 
 
-def metrics(optimizer: Any, since: tuple[float, int, int] | None = None) -> dict[str, float]:
-    """Health metrics of decentralized training, averaged over ranks (two small collectives).
+def metrics(optimizer: Any, since: CommStats | None = None) -> dict[str, float]:
+    """Health metrics of decentralized training, averaged over ranks (a collective).
 
     Returns ``decentadam/consensus_distance`` (mean_i ||x_i - x_bar||^2),
     ``decentadam/consensus_distance_rel`` (divided by ||x_bar||^2), and, per optimizer step since
-    ``since`` (a previous :func:`_counters` snapshot; default: since construction),
+    ``since`` (a ``optimizer.stats.snapshot()``; default: since construction),
     ``decentadam/comm_wait_ms`` (time blocked waiting for exchanges, mean over ranks: the
     communication that compute did not hide) and ``decentadam/comm_mb`` (megabytes sent per rank).
+    Costs an all-reduce of a float64 copy of the parameters (see
+    :meth:`~decentadam.DecentralizedAdam.consensus_stats`) and two small ones.
     """
     opt = unwrap_optimizer(optimizer)
-    wait0, bytes0, step0 = since if since is not None else (0.0, 0, 0)
-    steps = max(opt.step_count - step0, 1)
+    now, before = opt.stats, since if since is not None else CommStats()
+    steps = max(now.steps - before.steps, 1)
     distance, mean_norm = opt.consensus_stats()
     relative = distance / mean_norm if mean_norm > 0 else 0.0
     counters = torch.tensor(
-        [opt.stats.wait_seconds - wait0, float(opt.stats.bytes_sent - bytes0)], dtype=torch.float64
+        [now.wait_seconds - before.wait_seconds, float(now.bytes_sent - before.bytes_sent)],
+        dtype=torch.float64,
     )
     if opt.world_size > 1:
-        counters = counters.to(opt._device())
+        counters = counters.to(opt.device)
         opt.communicator.world_sum(counters)
         counters = counters.cpu() / opt.world_size
     return {
@@ -109,10 +112,6 @@ def metrics(optimizer: Any, since: tuple[float, int, int] | None = None) -> dict
         "decentadam/comm_wait_ms": 1e3 * float(counters[0]) / steps,
         "decentadam/comm_mb": float(counters[1]) / steps / 2**20,
     }
-
-
-def _counters(opt: DecentralizedAdam) -> tuple[float, int, int]:
-    return (opt.stats.wait_seconds, opt.stats.bytes_sent, opt.step_count)
 
 
 class MetricsHook:
@@ -124,27 +123,18 @@ class MetricsHook:
         self.optimizer = unwrap_optimizer(optimizer)
         self.every = every
         self.log_fn = log_fn
-        self._since = _counters(self.optimizer)
-        self._last_step = self.optimizer.step_count
-        self._before: RemovableHandle = self.optimizer.register_step_pre_hook(self._before_step)
+        self._since = self.optimizer.stats.snapshot()
         self.handle: RemovableHandle = self.optimizer.register_step_post_hook(self._after_step)
 
-    def _before_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        if self.optimizer.step_count != self._last_step:
-            # load_state_dict moved the step counter (a resume): count from this step, not from
-            # construction, or the per-step averages would divide by steps this process never ran.
-            self._since = _counters(self.optimizer)
-
     def _after_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        step = self._last_step = self.optimizer.step_count
+        step = self.optimizer.step_count
         if step % self.every:
             return
         values = metrics(self.optimizer, since=self._since)
-        self._since = _counters(self.optimizer)
+        self._since = self.optimizer.stats.snapshot()
         self.log_fn(values, step)
 
     def remove(self) -> None:
-        self._before.remove()
         self.handle.remove()
 
 
@@ -154,7 +144,8 @@ def register_metrics_hook(
     """Log :func:`metrics` every ``every`` optimizer steps through ``log_fn(values, step)``.
 
     The metrics are collectives, run on every rank from an optimizer step post-hook; nothing is
-    exchanged in between, so the cost is two small all-reduces every ``every`` steps. With
-    Accelerate pass ``accelerator.log`` (it writes only on the main process). ``.remove()`` detaches.
+    exchanged in between, so the cost (an all-reduce of a float64 copy of the parameters and two
+    small ones) comes once every ``every`` steps. With Accelerate pass ``accelerator.log`` (it writes
+    only on the main process). ``.remove()`` detaches.
     """
     return MetricsHook(optimizer, every, log_fn)

@@ -107,8 +107,9 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
-from decentadam.gossip import node_layout
+from decentadam.collectives import node_layout
 from decentadam.topology import Group, Round, Topology, build
 
 __all__ = [
@@ -131,7 +132,7 @@ logger = logging.getLogger(__name__)
 ALLREDUCE = "all-reduce"
 METHODS = (ALLREDUCE, "complete", "ring", "one-peer-exp", "aer")
 
-_SUFFIXES = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_SUFFIXES = MappingProxyType({"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12})
 
 
 @dataclass(frozen=True)

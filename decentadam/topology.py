@@ -33,15 +33,16 @@ Every topology accepts ``world_size = 1`` (one group of one rank: no communicati
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 
 Group = tuple[int, ...]
 Round = tuple[Group, ...]
 
-__all__ = ["TOPOLOGIES", "Group", "Round", "Topology", "build"]
+__all__ = ["TOPOLOGIES", "Group", "Round", "Topology", "build", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -187,12 +188,14 @@ def _aer(world_size: int, local_world_size: int) -> list[Round]:
     return rounds
 
 
-TOPOLOGIES: dict[str, Callable[[int, int], list[Round]]] = {
-    "complete": _complete,
-    "ring": _ring,
-    "one-peer-exp": _one_peer_exp,
-    "aer": _aer,
-}
+TOPOLOGIES: Mapping[str, Callable[[int, int], list[Round]]] = MappingProxyType(
+    {
+        "complete": _complete,
+        "ring": _ring,
+        "one-peer-exp": _one_peer_exp,
+        "aer": _aer,
+    }
+)
 
 
 def build(name: str, world_size: int, local_world_size: int = 1) -> Topology:
@@ -213,3 +216,15 @@ def build(name: str, world_size: int, local_world_size: int = 1) -> Topology:
     else:
         rounds = TOPOLOGIES[name](world_size, local_world_size)
     return Topology(name=name, world_size=world_size, local_world_size=local_world_size, rounds=tuple(rounds))
+
+
+def resolve(topology: str | Topology, world_size: int, local_world_size: int) -> Topology:
+    """``topology`` itself if it is built (checked against ``world_size``), else ``build(topology, ...)``."""
+    if not isinstance(topology, Topology):
+        return build(topology, world_size, local_world_size)
+    if topology.world_size != world_size:
+        raise ValueError(
+            f"topology {topology.name!r} is built for {topology.world_size} ranks, but {world_size} "
+            "are training"
+        )
+    return topology

@@ -315,7 +315,7 @@ KILLED_SAVER = textwrap.dedent(
     """
     import os, signal, sys, torch
     from decentadam import DecentralizedAdam
-    from decentadam import checkpoint
+    from decentadam import checkpoint, checkpoint_files
     directory, where = sys.argv[1], sys.argv[2]
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
@@ -329,14 +329,14 @@ KILLED_SAVER = textwrap.dedent(
                 handle.write(b"partial")
         os.kill(os.getpid(), signal.SIGKILL)
     if where == "state":
-        checkpoint._atomic_torch_save = die
+        checkpoint_files.atomic_torch_save = die
     else:  # between moving the old checkpoint aside and moving the new one in place
         real_rename = os.rename
         def rename(src, dst):
             real_rename(src, dst)
             if str(dst).endswith(".previous"):
                 die()
-        checkpoint.os.rename = rename
+        checkpoint_files.os.rename = rename
     checkpoint.save_checkpoint(directory, model, optimizer, extra={"n": 2})
     """
 )

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "
 
 from worker import EmulatedModel, RankResult, WorkerSpec, busy_share, host_cpu_jiffies, run_exchange
 
-from decentadam.gossip import release_exchange_groups
+from decentadam.shutdown import close_all
 from tests.distributed_harness import run_distributed
 
 STAT = """cpu  100 5 40 800 20 3 7 2 0 0
@@ -54,7 +54,7 @@ def exchange_worker(rank: int, world_size: int, topology: str) -> dict[str, Any]
     )
     result = RankResult(rank=rank, start=0.0)
     run_exchange(spec, EmulatedModel(spec, rank), result)
-    release_exchange_groups()
+    close_all()
     return asdict(result)
 
 

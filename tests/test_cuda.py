@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from decentadam import AccumAdamW, DecentralizedAdam
-from decentadam.gossip import ProcessGroupCommunicator
+from decentadam.collectives import ProcessGroupCommunicator
 from tests.distributed_harness import free_port, run_distributed
 from tests.test_decentralized import STEPS, batch, flat, make_model, param_groups, simulate
 
@@ -73,7 +73,7 @@ def cuda_worker(rank: int, world_size: int, name: str, local_world_size: int) ->
     assert all(b.buffer.is_cuda for b in optimizer._buckets)
     # CUDA buckets never take the CPU-only three phases, so their process groups are not built
     assert isinstance(optimizer.communicator, ProcessGroupCommunicator)
-    assert not optimizer.communicator.hierarchical and not optimizer.communicator._hierarchy
+    assert not optimizer.communicator.hierarchical and not optimizer.communicator.hierarchical_groups
     for step in range(STEPS):
         optimizer.zero_grad()
         x, y = batch(rank, step)

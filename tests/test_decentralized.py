@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from decentadam import DecentralizedAdam
+from decentadam.collectives import ProcessGroupCommunicator
 from decentadam.topology import build
 from tests.distributed_harness import run_distributed
 
@@ -287,7 +288,7 @@ def gloo_workers() -> int:
 
 def exit_worker(rank: int, world_size: int, topology: str) -> dict[str, Any]:
     """What the exit handler does: wait for the exchange in flight, then end the groups' threads."""
-    from decentadam import decentralized
+    from decentadam import shutdown
 
     torch.distributed.barrier()  # the default group starts its workers at its first collective
     before = gloo_workers()
@@ -298,8 +299,9 @@ def exit_worker(rank: int, world_size: int, topology: str) -> dict[str, Any]:
         optimizer.zero_grad()
         loss_of(model, rank, step).backward()
         optimizer.step()
-    in_flight = len(decentralized._IN_FLIGHT)
-    decentralized._wait_at_exit()
+    assert isinstance(optimizer.communicator, ProcessGroupCommunicator)
+    in_flight = optimizer.communicator.in_flight
+    shutdown.close_all()
     # A joined thread leaves /proc/self/task a moment after pthread_join returns (the kernel wakes the
     # joiner before it unlists the task), so on busy cores give the count a few seconds to settle.
     deadline = time.monotonic() + 5.0
@@ -325,6 +327,103 @@ def test_exit_waits_for_exchanges_and_ends_their_threads(topology: str, world_si
         assert result["during"] > result["before"], result
         assert result["after"] == result["before"], result
         assert result["error"].startswith("ExchangeGroupsReleased: the exchange groups were released"), result
+
+
+def close_worker(rank: int, world_size: int, how: str) -> dict[str, Any]:
+    """close(), or leaving a with block, waits for the exchange in flight and ends its groups' threads."""
+    from decentadam import shutdown
+
+    torch.distributed.barrier()  # the default group starts its workers at its first collective
+    before = gloo_workers()
+    model = make_model(0)
+
+    def train(optimizer: DecentralizedAdam) -> int:
+        for step in range(3):
+            optimizer.zero_grad()
+            loss_of(model, rank, step).backward()
+            optimizer.step()
+        assert isinstance(optimizer.communicator, ProcessGroupCommunicator)
+        return optimizer.communicator.in_flight
+
+    if how == "with":
+        with DecentralizedAdam(model.parameters(), topology="aer", local_world_size=2) as optimizer:
+            in_flight = train(optimizer)
+    else:
+        optimizer = DecentralizedAdam(
+            model.parameters(), topology="aer", local_world_size=2, overlap="backward"
+        )
+        in_flight = train(optimizer)
+        optimizer.close()
+        optimizer.close()  # idempotent
+    deadline = time.monotonic() + 5.0  # joined threads leave /proc a moment later (see exit_worker)
+    while (after := gloo_workers()) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert isinstance(optimizer.communicator, ProcessGroupCommunicator)
+    loss_of(model, rank, 3).backward()  # no hook fires: close() detached them
+    try:
+        optimizer.step()
+        error = "no error"
+    except RuntimeError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return {
+        "in_flight": in_flight,
+        "in_flight_after": optimizer.communicator.in_flight,
+        "open": shutdown.open_count(),
+        "before": before,
+        "after": after,
+        "error": error,
+    }
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc/self/task (Linux)")
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["close", "with"])
+def test_close_waits_for_exchanges_and_releases_the_groups(how: str) -> None:
+    for result in run_distributed(close_worker, 4, how):
+        assert result["in_flight"] >= 1, result
+        assert result["in_flight_after"] == 0 and result["open"] == 0, result
+        assert result["after"] == result["before"], result
+        assert result["error"].startswith("ExchangeGroupsReleased: the exchange groups were released"), result
+
+
+def test_close_in_one_process_stops_stepping() -> None:
+    model = make_model(0)
+    with DecentralizedAdam(model.parameters(), lr=LR) as optimizer:
+        loss_of(model, 0, 0).backward()
+        optimizer.step()
+    with pytest.raises(RuntimeError, match="released by close"):
+        optimizer.step()
+
+
+def test_local_update_replaces_the_adamw_update() -> None:
+    model = make_model(0)
+    start = flat(model).clone()
+    seen: list[int] = []
+
+    def count(state: dict[Any, Any], group: dict[str, Any], params: list[torch.Tensor]) -> None:
+        seen.append(len(params))
+
+    optimizer = DecentralizedAdam(model.parameters(), lr=LR, local_update=count, bucket_size_mb=1e-4)
+    for step in range(2):
+        optimizer.zero_grad()
+        loss_of(model, 0, step).backward()
+        optimizer.step()
+    assert seen and sum(seen) == 2 * len(list(model.parameters()))  # every parameter, once per step
+    assert torch.equal(flat(model), start) and not optimizer.state  # nothing updated, no Adam state
+
+
+def test_comm_stats_count_this_process_steps_and_snapshot_copies() -> None:
+    model = make_model(0)
+    optimizer = DecentralizedAdam(model.parameters(), lr=LR)
+    snapshot = optimizer.stats.snapshot()
+    for step in range(3):
+        loss_of(model, 0, step).backward()
+        optimizer.step()
+    assert (optimizer.stats.steps, snapshot.steps) == (3, 0)
+    optimizer.load_state_dict(
+        {**optimizer.state_dict(), "decentralized": {**optimizer.state_dict()["decentralized"], "step": 10}}
+    )
+    assert (optimizer.step_count, optimizer.stats.steps) == (10, 3)
 
 
 def test_launched_without_process_group_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:

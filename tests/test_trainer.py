@@ -180,5 +180,8 @@ def test_resume_with_another_topology_is_refused(
     run_dir, _ = fresh
     scenario = f"topology:ring={run_dir / 'checkpoint-3'}"  # saved with aer
     for result in launch(tmp_path / "out", scenario, tmp_path / "run", WORLD):
-        assert "saved with topology 'aer' and local_world_size 2, but this run uses 'ring'" in result["error"]
+        assert (
+            "saved with topology 'aer' and local_world_size 2, but this run uses topology 'ring'"
+            in result["error"]
+        )
         assert "DecentralizedArguments(topology='aer', local_world_size=2)" in result["error"]

@@ -47,7 +47,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from decentadam import DecentralizedAdam
-from decentadam.gossip import Handle
+from decentadam.collectives import Handle
+from decentadam.decentralized import LocalUpdate
 from decentadam.topology import Group
 
 LR = 1e-4
@@ -193,14 +194,16 @@ def _update_seconds(params: list[Tensor], ms_per_mb: float) -> float:
     return ms_per_mb / 1e3 * sum(p.numel() * p.element_size() for p in params) / 1e6
 
 
-def emulate_decentadam_update(ms_per_mb: float) -> None:
-    """Replace the AccumAdamW update inside DecentralizedAdam by a sleep; mixing and copies stay real."""
-    import decentadam.decentralized
+def decentadam_update(spec: WorkerSpec) -> LocalUpdate | None:
+    """DecentralizedAdam's local update: a sleep as long as the device's AccumAdamW update when
+    emulating one (mixing and copies stay real), else None (the real update)."""
+    if spec.update_ms_per_mb <= 0:
+        return None
 
     def sleeping_update(state: Any, group: dict[str, Any], params: list[Tensor]) -> None:
-        time.sleep(_update_seconds(params, ms_per_mb))
+        time.sleep(_update_seconds(params, spec.update_ms_per_mb))
 
-    setattr(decentadam.decentralized, "step_group", sleeping_update)  # noqa: B010
+    return sleeping_update
 
 
 def _torch_optimizer(spec: WorkerSpec, params: Any) -> torch.optim.Optimizer:
@@ -238,6 +241,7 @@ def run_ours(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> None
         bucket_size_mb=spec.bucket_mb,
         overlap="backward" if spec.overlap == "backward" else "step",
         hierarchical=spec.hierarchical,
+        local_update=decentadam_update(spec),
     )
 
     def iteration() -> tuple[float, float]:
@@ -276,7 +280,7 @@ def run_exchange(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> 
         hierarchical=spec.hierarchical,
     )
     topology, communicator = optimizer.topology, optimizer.communicator
-    buffers = [bucket.buffer.zero_() for bucket in optimizer._buckets]
+    buffers = [bucket.buffer.zero_() for bucket in optimizer.buckets]
     step = 0
 
     def iteration() -> tuple[float, float]:
@@ -413,6 +417,7 @@ def run_calibrate(spec: WorkerSpec, model: EmulatedModel, result: RankResult) ->
         topology="ring",  # every step: a pair, so every step mixes and copies its send buffer
         bucket_size_mb=spec.bucket_mb,
         communicator=_NoCommunication(rank, world),
+        local_update=decentadam_update(spec),
     )
     result.calibration["ours_update_s"] = timed(ours.step)
     del ours
@@ -448,8 +453,6 @@ def main() -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=180))
     rank = dist.get_rank()
-    if spec.update_ms_per_mb > 0:
-        emulate_decentadam_update(spec.update_ms_per_mb)
     model = EmulatedModel(spec, rank)
     result = RankResult(rank=rank, start=0.0)
     runners = {

@@ -39,6 +39,7 @@ rank 0's model and optimizer, which loses the other ranks' state.
 from __future__ import annotations
 
 import logging
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -55,12 +56,14 @@ __all__ = ["log_metrics_every", "prepare"]
 
 logger = logging.getLogger(__name__)
 
-_UNSUPPORTED = {
-    DistributedType.DEEPSPEED: "DeepSpeed",
-    DistributedType.FSDP: "FSDP",
-    DistributedType.MEGATRON_LM: "Megatron-LM",
-    DistributedType.XLA: "XLA",
-}
+_UNSUPPORTED = MappingProxyType(
+    {
+        DistributedType.DEEPSPEED: "DeepSpeed",
+        DistributedType.FSDP: "FSDP",
+        DistributedType.MEGATRON_LM: "Megatron-LM",
+        DistributedType.XLA: "XLA",
+    }
+)
 
 
 def prepare(accelerator: Accelerator, *objects: Any, device_placement: list[bool] | None = None) -> Any:

@@ -47,17 +47,14 @@ import torch
 from torch import nn
 from transformers import Trainer
 
+from decentadam import checkpoint_files as files
 from decentadam.amp import SyncedGradScaler
-from decentadam.checkpoint import _atomic_torch_save, _atomic_write_text, _barrier, _torch_load
-from decentadam.consensus import _counters, averaged, metrics, unwrap_optimizer
-from decentadam.decentralized import DecentralizedAdam
+from decentadam.consensus import averaged, metrics, unwrap_optimizer
+from decentadam.decentralized import CommStats, DecentralizedAdam
 
 __all__ = ["DecentralizedArguments", "DecentralizedTrainer"]
 
 logger = logging.getLogger(__name__)
-
-STATE_DIR = "decentadam"
-META_NAME = "meta.json"
 
 
 @dataclass
@@ -103,7 +100,7 @@ class DecentralizedTrainer(Trainer):
                 "FSDP. Remove the deepspeed / fsdp training arguments."
             )
         self._check_backward_overlap()
-        self._metrics_since: tuple[float, int, int] | None = None
+        self._metrics_since: CommStats | None = None
 
     def _check_backward_overlap(self) -> None:
         """overlap="backward" updates each bucket inside backward: nothing may act on the gradients later."""
@@ -218,13 +215,12 @@ class DecentralizedTrainer(Trainer):
         opt = self._decentralized()
         if opt is None:
             return
-        directory = Path(output_dir) / STATE_DIR
-        directory.mkdir(parents=True, exist_ok=True)
+        files.state_dir(Path(output_dir)).mkdir(parents=True, exist_ok=True)
         state = {
             "model": self.accelerator.unwrap_model(self.model).state_dict(),
             "optimizer": opt.state_dict(),
         }
-        _atomic_torch_save(state, directory / f"rank-{opt.rank:05d}.pt")
+        files.save_rank_state(Path(output_dir), opt.rank, state)
 
     def _save_rng_state(self, output_dir: str) -> None:
         super()._save_rng_state(output_dir)  # rng_state_<rank>.pth, each rank its own
@@ -232,28 +228,19 @@ class DecentralizedTrainer(Trainer):
         if opt is None:
             return
         # The completion marker comes last: once every rank's state and RNG files are written.
-        _barrier(opt)
+        self.accelerator.wait_for_everyone()
         if opt.rank == 0:
-            meta = {
-                "world_size": opt.world_size,
-                "topology": opt.topology.name,
-                "local_world_size": opt.topology.local_world_size,
-                "step": opt.step_count,
-            }
-            _atomic_write_text(Path(output_dir) / STATE_DIR / META_NAME, json.dumps(meta, indent=2) + "\n")
+            files.write_meta(Path(output_dir), opt)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
         opt = self._decentralized()
         if checkpoint is None or opt is None:
             return
-        self._load_own_state(checkpoint, opt)
-        # The step counter jumped to the checkpoint's: count communication from here, not from 0.
-        self._metrics_since = _counters(opt)
+        self._load_own_state(Path(checkpoint), opt)
 
-    def _load_own_state(self, checkpoint: str, opt: DecentralizedAdam) -> None:
-        meta_path = Path(checkpoint) / STATE_DIR / META_NAME
-        if not meta_path.is_file():
+    def _load_own_state(self, checkpoint: Path, opt: DecentralizedAdam) -> None:
+        if not files.is_checkpoint(checkpoint):
             warnings.warn(
                 f"{checkpoint} has no per-rank decentadam state: every rank resumes from the consensus "
                 "weights and rank 0's optimizer state.",
@@ -261,8 +248,17 @@ class DecentralizedTrainer(Trainer):
                 stacklevel=3,
             )
             return
-        meta = json.loads(meta_path.read_text())
-        if meta["world_size"] != opt.world_size:
+        meta = files.read_meta(checkpoint)
+        exact = files.check_resumable(
+            meta,
+            opt,
+            checkpoint,
+            allow_topology_change=False,
+            fix=f"Resume with DecentralizedArguments(topology={meta['topology']!r}, "
+            f"local_world_size={meta.get('local_world_size')}), or start a new run from the checkpoint's "
+            "consensus weights (from_pretrained), without resume_from_checkpoint.",
+        )
+        if not exact:
             message = (
                 f"checkpoint {checkpoint} was saved by {meta['world_size']} ranks and is resumed by "
                 f"{opt.world_size}: every rank starts from the consensus (averaged) weights with rank 0's "
@@ -271,18 +267,8 @@ class DecentralizedTrainer(Trainer):
             warnings.warn(message, UserWarning, stacklevel=3)
             logger.warning(message)
             return
-        saved = (meta["topology"], meta.get("local_world_size", opt.topology.local_world_size))
-        if saved != (opt.topology.name, opt.topology.local_world_size):
-            raise ValueError(
-                f"checkpoint {checkpoint} was saved with topology {saved[0]!r} and local_world_size "
-                f"{saved[1]}, but this run uses {opt.topology.name!r} and {opt.topology.local_world_size}: "
-                "the resumed run would not continue the saved one. Resume with "
-                f"DecentralizedArguments(topology={saved[0]!r}, local_world_size={saved[1]}), or start a "
-                "new run from the checkpoint's consensus weights (from_pretrained), without "
-                "resume_from_checkpoint."
-            )
         # Trainer loaded the consensus weights and rank 0's optimizer; each rank takes its own back.
-        state = _torch_load(Path(checkpoint) / STATE_DIR / f"rank-{opt.rank:05d}.pt")
+        state = files.load_rank_state(checkpoint, opt.rank)
         self.accelerator.unwrap_model(self.model).load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
 
@@ -298,7 +284,7 @@ class DecentralizedTrainer(Trainer):
         # Training logs happen on every rank at the same step (Trainer gathers the loss there too).
         if self.decentralized.log_metrics and opt is not None and "loss" in logs and opt.step_count > 0:
             logs.update(metrics(opt, since=self._metrics_since))
-            self._metrics_since = _counters(opt)
+            self._metrics_since = opt.stats.snapshot()
         super().log(logs, start_time)
 
 
@@ -323,11 +309,10 @@ def _is_complete(path: Path) -> bool:
     """Trainer state, our marker (written after every rank's files), and every rank's files."""
     try:
         json.loads((path / "trainer_state.json").read_text())
-        meta = json.loads((path / STATE_DIR / META_NAME).read_text())
+        world_size = int(files.read_meta(path)["world_size"])
     except (OSError, ValueError):
         return False
-    world_size = int(meta["world_size"])
-    files = [path / STATE_DIR / f"rank-{r:05d}.pt" for r in range(world_size)]
-    if world_size > 1:  # Trainer names its RNG file rng_state.pth in one process
-        files += [path / f"rng_state_{r}.pth" for r in range(world_size)]
-    return all(file.is_file() for file in files)
+    if files.missing_rank_files(path, world_size):
+        return False
+    # Trainer names its RNG file rng_state.pth in one process
+    return world_size == 1 or all((path / f"rng_state_{r}.pth").is_file() for r in range(world_size))

@@ -12,12 +12,8 @@ import torch
 import torch.distributed as dist
 
 from decentadam import DecentralizedAdam
-from decentadam.gossip import (
-    ProcessGroupCommunicator,
-    SingleProcessCommunicator,
-    node_layout,
-    release_exchange_groups,
-)
+from decentadam.collectives import ProcessGroupCommunicator, SingleProcessCommunicator, node_layout
+from decentadam.shutdown import close_all
 from decentadam.topology import build
 from tests.distributed_harness import run_distributed
 
@@ -39,7 +35,7 @@ def sum_worker(rank: int, world_size: int, topology_name: str, local: int) -> di
     topology = build(topology_name, world_size, local)
     communicator = ProcessGroupCommunicator(topology)
     flat = ProcessGroupCommunicator(topology, hierarchical=False)
-    out: dict[str, Any] = {"hierarchical": sorted(communicator._hierarchy), "sums": []}
+    out: dict[str, Any] = {"hierarchical": communicator.hierarchical_groups, "sums": []}
     for step in range(topology.period):
         group = topology.group_of(rank, step)
         generator = torch.Generator().manual_seed(1000 * rank + step)
@@ -55,7 +51,7 @@ def sum_worker(rank: int, world_size: int, topology_name: str, local: int) -> di
             handle.wait()  # a second wait returns at once
         out["sums"].append({"group": group, "got": mine, "flat": reference})
     drivers = [t.name for t in threading.enumerate() if t.name == "decentadam-exchange"]
-    release_exchange_groups()
+    close_all()
     out["drivers_before_release"] = len(drivers)
     out["drivers_after_release"] = sum(t.name == "decentadam-exchange" for t in threading.enumerate())
     dist.barrier()
@@ -124,8 +120,8 @@ def optimizer_groups_worker(rank: int, world_size: int, hierarchical: bool) -> l
         model.parameters(), topology="aer", local_world_size=2, hierarchical=hierarchical
     )
     assert isinstance(optimizer.communicator, ProcessGroupCommunicator)
-    planned = sorted(optimizer.communicator._hierarchy)
-    release_exchange_groups()
+    planned = sorted(optimizer.communicator.hierarchical_groups)
+    close_all()
     return planned
 
 
