@@ -46,8 +46,8 @@ A group that spans ``q >= 2`` nodes with ``m >= 2`` of its ranks on each is summ
 a reduce-scatter inside each node (direct sends: ``(m-1)/m * S`` out of each rank, at ``B_intra``), an
 all-reduce of each ``S/m`` shard over the ``q`` nodes (``m`` rails, each a ring of ``q`` ranks with
 ``2 (q-1)/q * S/m`` per edge; the ``m`` rails of a node share its link, which carries
-``2 (q-1)/q * S`` per direction: ``S`` for AER's two-node groups, against ``2 (2m-1)/(2m) * S`` for
-one flat ring) and an all-gather inside each node (as the reduce-scatter). The phases of successive
+``2 (q-1)/q * S`` per direction; :mod:`decentadam.collectives` says what that saves against a flat
+ring) and an all-gather inside each node (as the reduce-scatter). The phases of successive
 buckets pipeline: a bucket's all-gather and the next bucket's reduce-scatter run while a rail
 carries a bucket, so in the recursion below a bucket occupies its ranks' channel for the slowest
 phase and arrives after all three (``T_G`` is their sum, ``T_G^max`` the slowest).
