@@ -116,7 +116,7 @@ def loop(out: dict[str, Any]) -> None:
         first_grad=grads[0],
         reference_grad=reference_grad,
         exchanges_after_micro_batch=exchanges_after_micro_batch,
-        buckets=len(inner._buckets),
+        buckets=len(inner.buckets),
         norms=norms,
         collectives=collectives,
         step_count=inner.step_count,

@@ -70,7 +70,7 @@ def cuda_worker(rank: int, world_size: int, name: str, local_world_size: int) ->
         local_world_size=local_world_size,
         bucket_size_mb=1e-4,
     )
-    assert all(b.buffer.is_cuda for b in optimizer._buckets)
+    assert all(b.buffer.is_cuda for b in optimizer.buckets)
     # CUDA buckets never take the CPU-only three phases, so their process groups are not built
     assert isinstance(optimizer.communicator, ProcessGroupCommunicator)
     assert not optimizer.communicator.hierarchical and not optimizer.communicator.hierarchical_groups

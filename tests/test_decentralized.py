@@ -219,7 +219,7 @@ def skipping_worker(rank: int, world_size: int, overlap: str) -> torch.Tensor:
     optimizer = DecentralizedAdam(
         layers.parameters(), lr=LR, accum_steps=2, topology="complete", bucket_size_mb=1e-6, overlap=overlap
     )
-    assert len(optimizer._buckets) == 3
+    assert len(optimizer.buckets) == 3
     for step in range(6):
         optimizer.zero_grad()
         x = torch.randn(4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(10 * rank + step))
