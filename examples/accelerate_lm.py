@@ -149,6 +149,8 @@ def main() -> None:
             extra={"step": step, "epoch": epoch, "batch": start_batch},
         )  # decentadam  # fmt: skip
         accelerator.print(f"saved the consensus model and every rank's state to {args.output_dir}")
+    optimizer.optimizer.close()  # decentadam: let the last exchange finish, release the exchange groups
+    accelerator.end_training()
 
 
 if __name__ == "__main__":
