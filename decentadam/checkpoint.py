@@ -4,7 +4,8 @@ A checkpoint is a directory laid out as :mod:`decentadam.checkpoint_files` descr
 average of every rank's weights (parameters and float buffers; Hugging Face models are written with
 ``save_pretrained``, so ``AutoModel.from_pretrained(path)`` loads it), and each rank's own weights,
 optimizer state (Adam moments, step counter), scheduler, loss-scaler and RNG states: everything an
-exact resume needs.
+exact resume needs. The optimizer of an All-Reduce baseline (AdamW under DDP) is checkpointed
+by the same functions: its ranks hold the same weights and moments, so rank 0's are saved once.
 
 Every rank calls :func:`save_checkpoint` and :func:`load_checkpoint` at the same point (they are
 collectives); ``path`` must be on a filesystem that every rank sees. Writes are atomic: everything
@@ -19,20 +20,23 @@ from the consensus weights with fresh optimizer moments, and a warning says so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import random
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from decentadam import checkpoint_files as files
-from decentadam.consensus import averaged, unwrap_optimizer
+from decentadam.consensus import averaged
 from decentadam.decentralized import DecentralizedAdam
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
@@ -48,6 +52,7 @@ def save_checkpoint(
     scheduler: Any | None = None,
     scaler: Any | None = None,
     extra: dict[str, Any] | None = None,
+    processor: Any | None = None,
 ) -> Path:
     """Write a checkpoint of ``model`` at ``path`` atomically (call on every rank).
 
@@ -56,16 +61,21 @@ def save_checkpoint(
             which is replaced only once the new one is complete. Any other existing path raises
             FileExistsError on every rank (nothing is deleted).
         model: this rank's model (unwrapped from DDP / torch.compile wrappers if needed).
-        optimizer: the :class:`DecentralizedAdam` training ``model`` (or Accelerate's wrapper).
+        optimizer: the :class:`DecentralizedAdam` training ``model``, or the optimizer of an
+            All-Reduce (DDP) baseline, whose ranks hold the same weights and moments: then rank 0's
+            model and optimizer state are saved once, and every rank's RNG state (Accelerate's
+            wrappers are looked through).
         scheduler: an LR scheduler whose ``state_dict`` is saved with each rank's state.
         scaler: an fp16 loss scaler (``torch.amp.GradScaler``) whose scale and growth tracker are
             saved; default: the scaler of Accelerate's optimizer wrapper, if any.
         extra: JSON-serialisable values to resume the loop (epoch, batch index, ...), from rank 0.
+        processor: a tokenizer or image processor that rank 0 saves with ``save_pretrained`` next to
+            the model, inside the same atomic write.
 
     Returns the checkpoint directory.
     """
     final = Path(path)
-    opt = unwrap_optimizer(optimizer)
+    run = _Training.of(optimizer)
     module = _unwrap_model(model)
     scaler = scaler if scaler is not None else _accelerate_scaler(optimizer)
     try:
@@ -79,7 +89,7 @@ def save_checkpoint(
     # Phase 1, rank 0 alone: make room. Every rank learns the outcome before any rank writes.
     refused = False
     error: Exception | None = None
-    if opt.rank == 0:
+    if run.rank == 0:
         try:
             files.recover(final)
             refused = files.is_foreign(final)
@@ -89,7 +99,7 @@ def save_checkpoint(
                 files.state_dir(staging).mkdir(parents=True)
         except Exception as caught:
             error = caught
-    status = _statuses(opt, _REFUSED if refused else _FAILED if error is not None else _OK)
+    status = run.statuses(_REFUSED if refused else _FAILED if error is not None else _OK)
     if status[0] == _REFUSED:
         raise FileExistsError(
             f"save_checkpoint: {final} exists and is not a decentadam checkpoint (it has no "
@@ -99,15 +109,17 @@ def save_checkpoint(
 
     # Phase 2, every rank: rank 0 the consensus weights, each rank its own state file.
     error = None
-    with averaged(module, opt):
-        if opt.rank == 0:
+    with averaged(module, run.decentralized) if run.decentralized else contextlib.nullcontext():
+        if run.rank == 0:
             try:
                 _write_weights(module, staging)
+                if processor is not None:
+                    processor.save_pretrained(str(staging))
             except Exception as caught:
                 error = caught
-    state = {
-        "model": module.state_dict(),
-        "optimizer": opt.state_dict(),
+    state = {  # All-Reduce: the weights are the model file's, the moments rank 0's (the same everywhere)
+        "model": module.state_dict() if run.decentralized else None,
+        "optimizer": run.optimizer.state_dict() if run.decentralized or run.rank == 0 else None,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
         "rng": _capture_rng(),
@@ -116,34 +128,34 @@ def save_checkpoint(
         try:
             if not files.state_dir(staging).is_dir():
                 raise RuntimeError(
-                    f"save_checkpoint: rank {opt.rank} does not see {files.state_dir(staging)}, which "
+                    f"save_checkpoint: rank {run.rank} does not see {files.state_dir(staging)}, which "
                     f"rank 0 created. {_SHARED_FILESYSTEM}"
                 )
-            files.save_rank_state(staging, opt.rank, state)
+            files.save_rank_state(staging, run.rank, state)
         except Exception as caught:
             error = caught
-    status = _statuses(opt, _FAILED if error is not None else _OK)
-    if opt.rank == 0 and any(status):
+    status = run.statuses(_FAILED if error is not None else _OK)
+    if run.rank == 0 and any(status):
         shutil.rmtree(staging, ignore_errors=True)
     _raise_if_failed(status, error, f"could not write their state to {staging}. {_SHARED_FILESYSTEM}")
 
     # Phase 3, rank 0 alone: the metadata (the completion marker), then the rename into place.
-    if opt.rank == 0:
+    if run.rank == 0:
         try:
-            missing = files.missing_rank_files(staging, opt.world_size)
+            missing = files.missing_rank_files(staging, run.world_size)
             if missing:
                 raise RuntimeError(
                     f"save_checkpoint: the state files of ranks {missing} are not in {staging}. "
                     f"{_SHARED_FILESYSTEM}"
                 )
-            files.write_meta(staging, opt, json.loads(extra_json))
+            files.write_meta(staging, run.shape, run.step, json.loads(extra_json))
             files.replace_directory(staging, final)
         except Exception as caught:
             error = caught
             shutil.rmtree(staging, ignore_errors=True)
-    status = _statuses(opt, _FAILED if error is not None else _OK)
+    status = run.statuses(_FAILED if error is not None else _OK)
     _raise_if_failed(status, error, f"could not complete the checkpoint {final}.")
-    logger.info("saved checkpoint %s (step %d, %d ranks)", final, opt.step_count, opt.world_size)
+    logger.info("saved checkpoint %s (step %s, %d ranks)", final, run.step, run.world_size)
     return final
 
 
@@ -166,58 +178,77 @@ def load_checkpoint(
     optimizer keeps fresh moments (a warning says so) and the scheduler and scaler continue from
     rank 0's state. Another topology or ``local_world_size`` on the same world size raises
     ValueError, unless ``allow_topology_change=True``, which restarts from the consensus weights in
-    the same way. ``scaler`` defaults to the scaler of Accelerate's optimizer wrapper, if any.
+    the same way. A checkpoint of an All-Reduce run loads into an All-Reduce optimizer on any number
+    of ranks (the saved weights and moments, rank 0's; the RNG streams only on the same number);
+    switching between All-Reduce and decentralized counts as a topology change. ``scaler`` defaults
+    to the scaler of Accelerate's optimizer wrapper, if any.
     """
     final = Path(path)
     files.recover(final)
     meta = files.read_meta(final)
     module = _unwrap_model(model)
-    opt = unwrap_optimizer(optimizer) if optimizer is not None else None
+    run = _Training.of(optimizer) if optimizer is not None else None
     if scaler is None and optimizer is not None:
         scaler = _accelerate_scaler(optimizer)
 
-    exact = opt is not None and files.check_resumable(
+    exact = run is not None and files.check_resumable(
         meta,
-        opt,
+        run.shape,
         final,
         allow_topology_change=allow_topology_change,
         fix=f"Build the optimizer with topology={meta['topology']!r}, "
         f"local_world_size={meta.get('local_world_size')}, or pass allow_topology_change=True to restart "
         "every rank from the consensus weights with fresh optimizer moments.",
     )
-    if exact:
-        assert opt is not None
-        state = files.load_rank_state(final, opt.rank)
-        module.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
+    if run is None:
+        _read_weights(module, final)
+        return dict(meta["extra"])
+    if exact or (run.decentralized is None and meta["topology"] == files.ALLREDUCE):
+        state = files.load_rank_state(final, run.rank if exact else 0)
+        if run.decentralized is not None:  # each rank its own weights and moments
+            module.load_state_dict(state["model"])
+            run.optimizer.load_state_dict(state["optimizer"])
+        else:  # one copy of the weights and moments (rank 0's), valid on any number of ranks
+            _read_weights(module, final)
+            moments = (
+                state["optimizer"]
+                if state["optimizer"] is not None
+                else files.load_rank_state(final, 0)["optimizer"]
+            )
+            run.optimizer.load_state_dict(moments)
         if scheduler is not None and state["scheduler"] is not None:
             scheduler.load_state_dict(state["scheduler"])
         _load_scaler(scaler, state, final)
-        if restore_rng:
+        if exact and restore_rng:
             _restore_rng(state["rng"])
+        if not exact:
+            _warn(
+                f"checkpoint {final} was saved by {meta['world_size']} ranks and is loaded by "
+                f"{run.world_size}: the random number streams are not restored."
+            )
         return dict(meta["extra"])
 
     _read_weights(module, final)
-    if opt is not None:
-        saved_by, loaded_by = f"{meta['world_size']} ranks", f"{opt.world_size}"
-        if meta["world_size"] == opt.world_size:
-            saved_by += (
-                f" with topology {meta['topology']!r} (local_world_size {meta.get('local_world_size')})"
-            )
-            loaded_by += f" with {opt.topology.name!r} (local_world_size {opt.topology.local_world_size})"
-        message = (
-            f"checkpoint {final} was saved by {saved_by} and is loaded by {loaded_by}: "
-            "every rank starts from the consensus (averaged) weights with fresh optimizer moments; per-rank "
-            "state and RNG streams are not restored."
-        )
-        warnings.warn(message, UserWarning, stacklevel=2)
-        logger.warning(message)
-        if scheduler is not None or scaler is not None:
-            rank0 = files.load_rank_state(final, 0)
-            if scheduler is not None and rank0["scheduler"] is not None:
-                scheduler.load_state_dict(rank0["scheduler"])
-            _load_scaler(scaler, rank0, final)
+    saved_by, loaded_by = f"{meta['world_size']} ranks", f"{run.world_size}"
+    if meta["world_size"] == run.world_size:
+        saved_by += f" with topology {meta['topology']!r} (local_world_size {meta.get('local_world_size')})"
+        loaded_by += f" with {run.shape.topology!r} (local_world_size {run.shape.local_world_size})"
+    _warn(
+        f"checkpoint {final} was saved by {saved_by} and is loaded by {loaded_by}: "
+        "every rank starts from the consensus (averaged) weights with fresh optimizer moments; per-rank "
+        "state and RNG streams are not restored."
+    )
+    if scheduler is not None or scaler is not None:
+        rank0 = files.load_rank_state(final, 0)
+        if scheduler is not None and rank0["scheduler"] is not None:
+            scheduler.load_state_dict(rank0["scheduler"])
+        _load_scaler(scaler, rank0, final)
     return dict(meta["extra"])
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, UserWarning, stacklevel=3)
+    logger.warning(message)
 
 
 def _accelerate_scaler(optimizer: Any) -> Any | None:
@@ -284,21 +315,55 @@ def _unwrap_model(model: nn.Module) -> nn.Module:
             return model
 
 
+@dataclass
+class _Training:
+    """The ranks that save or load together, and the optimizer whose state they hold."""
+
+    optimizer: torch.optim.Optimizer  # the innermost optimizer (Accelerate's wrapper looked through)
+    decentralized: DecentralizedAdam | None
+    rank: int
+    world_size: int
+    device: torch.device
+    shape: files.RunShape
+    step: int | None
+
+    @classmethod
+    def of(cls, optimizer: Any) -> _Training:
+        inner = optimizer
+        while isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
+            inner = inner.optimizer
+        if isinstance(inner, DecentralizedAdam):
+            return cls(inner, inner, inner.rank, inner.world_size, inner.device,
+                       files.RunShape.of(inner, inner.world_size), inner.step_count)  # fmt: skip
+        if not isinstance(inner, torch.optim.Optimizer):
+            raise TypeError(
+                f"expected a torch optimizer (a decentadam.DecentralizedAdam, or the optimizer of an "
+                f"All-Reduce run), got {type(optimizer).__name__}"
+            )
+        distributed = dist.is_available() and dist.is_initialized()
+        rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+        params = [p for group in inner.param_groups for p in group["params"]]
+        device = params[0].device if params else torch.device("cpu")
+        return cls(inner, None, rank, world_size, device, files.RunShape.of(None, world_size), None)
+
+    def statuses(self, status: int) -> list[int]:
+        """Every rank's ``status`` (_OK, _FAILED, _REFUSED), by rank: a collective, so also a barrier."""
+        if self.world_size == 1:
+            return [status]
+        values = torch.zeros(self.world_size, dtype=torch.float32, device=self.device)
+        values[self.rank] = status
+        if self.decentralized is not None:
+            self.decentralized.communicator.world_sum(values)
+        else:
+            dist.all_reduce(values)
+        return [int(v) for v in values.tolist()]
+
+
 _OK, _FAILED, _REFUSED = 0, 1, 2
 _SHARED_FILESYSTEM = (
     "Every rank must write to the same directory: put the checkpoint on a filesystem shared by all "
     "nodes, and pass an absolute path (or the same working directory on every rank)."
 )
-
-
-def _statuses(opt: DecentralizedAdam, status: int) -> list[int]:
-    """Every rank's ``status`` (_OK, _FAILED, _REFUSED), by rank: a collective, so also a barrier."""
-    if opt.world_size == 1:
-        return [status]
-    values = torch.zeros(opt.world_size, dtype=torch.float32, device=opt.device)
-    values[opt.rank] = status
-    opt.communicator.world_sum(values)
-    return [int(v) for v in values.tolist()]
 
 
 def _raise_if_failed(status: list[int], error: Exception | None, others_failed: str) -> None:

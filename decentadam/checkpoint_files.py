@@ -7,6 +7,7 @@
       decentadam/meta.json         format version, world size, topology, optimizer step, user extra;
                                    written last, once every rank's file is in place
       decentadam/rank-00003.pt     rank 3's own state: weights, optimizer, scheduler, scaler, RNG
+                                   (an All-Reduce run: no weights, the optimizer in rank 0's only)
 
 :func:`decentadam.checkpoint.save_checkpoint` writes such a directory atomically (staging it in a
 hidden sibling, see :func:`replace_directory`); the Hugging Face Trainer integration writes the
@@ -20,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +31,10 @@ import decentadam
 from decentadam.decentralized import DecentralizedAdam
 
 __all__ = [
+    "ALLREDUCE",
     "FORMAT_VERSION",
     "WEIGHTS_NAME",
+    "RunShape",
     "atomic_torch_save",
     "atomic_write_text",
     "check_resumable",
@@ -75,15 +79,35 @@ def is_checkpoint(path: Path) -> bool:
     return meta_file(path).is_file()
 
 
-def write_meta(path: Path, optimizer: DecentralizedAdam, extra: dict[str, Any] | None = None) -> None:
+ALLREDUCE = "allreduce"
+"""The ``topology`` recorded for a run whose optimizer is not decentralized (DDP's All-Reduce)."""
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What must match for every rank to take its own state back: ranks, topology, node size."""
+
+    world_size: int
+    topology: str  # a topology name, or ALLREDUCE
+    local_world_size: int | None  # None for ALLREDUCE
+
+    @classmethod
+    def of(cls, optimizer: DecentralizedAdam | None, world_size: int) -> RunShape:
+        """The shape of a decentralized run, or of an All-Reduce run of ``world_size`` ranks."""
+        if optimizer is None:
+            return cls(world_size, ALLREDUCE, None)
+        return cls(optimizer.world_size, optimizer.topology.name, optimizer.topology.local_world_size)
+
+
+def write_meta(path: Path, shape: RunShape, step: int | None, extra: dict[str, Any] | None = None) -> None:
     """Write the metadata (atomically): the last file of a checkpoint, which marks it complete."""
     meta = {
         "format": FORMAT_VERSION,
         "decentadam": decentadam.__version__,
-        "world_size": optimizer.world_size,
-        "topology": optimizer.topology.name,
-        "local_world_size": optimizer.topology.local_world_size,
-        "step": optimizer.step_count,
+        "world_size": shape.world_size,
+        "topology": shape.topology,
+        "local_world_size": shape.local_world_size,
+        "step": step,
         "extra": extra or {},
     }
     atomic_write_text(meta_file(path), json.dumps(meta, indent=2) + "\n")
@@ -106,7 +130,7 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 def check_resumable(
-    meta: dict[str, Any], optimizer: DecentralizedAdam, path: Path, *, fix: str, allow_topology_change: bool
+    meta: dict[str, Any], shape: RunShape, path: Path, *, fix: str, allow_topology_change: bool
 ) -> bool:
     """Whether every rank can take its own state back (same world size, topology and node size).
 
@@ -114,17 +138,17 @@ def check_resumable(
     the topology differs and ``allow_topology_change`` is set; raises ValueError, with ``fix`` as
     the advice, when only the topology differs: the resumed run would not continue the saved one.
     """
-    if meta["world_size"] != optimizer.world_size:
+    if meta["world_size"] != shape.world_size:
         return False
-    saved = (meta["topology"], meta.get("local_world_size", optimizer.topology.local_world_size))
-    if saved == (optimizer.topology.name, optimizer.topology.local_world_size):
+    saved = (meta["topology"], meta.get("local_world_size", shape.local_world_size))
+    if saved == (shape.topology, shape.local_world_size):
         return True
     if allow_topology_change:
         return False
     raise ValueError(
         f"checkpoint {path} was saved with topology {saved[0]!r} and local_world_size {saved[1]}, but this "
-        f"run uses topology {optimizer.topology.name!r} and local_world_size "
-        f"{optimizer.topology.local_world_size}: the resumed run would not continue the saved one. {fix}"
+        f"run uses topology {shape.topology!r} and local_world_size {shape.local_world_size}: the resumed "
+        f"run would not continue the saved one. {fix}"
     )
 
 

@@ -430,3 +430,57 @@ def test_consensus_weights_of_a_model_whose_save_pretrained_renames_keys_load_ba
     expected, got = model.state_dict(), other.state_dict()
     assert got.keys() == expected.keys()
     assert all(torch.equal(got[key], expected[key]) for key in expected)
+
+
+def allreduce_worker(rank: int, world_size: int, directory: str, phase: str) -> dict[str, Any]:
+    """The All-Reduce baseline (DDP + AdamW) saves and resumes through the same functions."""
+    model = make_model(seed=0 if phase == "save" else 50)  # the load must replace other weights
+    ddp = nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / 3))
+    torch.manual_seed(77 + rank if phase == "save" else 12345)  # dropout streams: the checkpoint carries them
+    losses, caught = [], []
+    start = 0
+    if phase != "save":
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            start = load_checkpoint(directory, ddp, optimizer, scheduler=scheduler)["step"]
+        caught = [str(w.message) for w in record]
+    for step in range(start, TOTAL):
+        if step == SAVE_AT and phase == "save":
+            save_checkpoint(directory, ddp, optimizer, scheduler=scheduler, extra={"step": step})
+        losses.append(train_step(ddp, optimizer, scheduler, rank, step))  # type: ignore[arg-type]
+    return {"losses": losses, "warnings": caught, "weights": [p.detach().clone() for p in model.parameters()]}
+
+
+@pytest.mark.timeout(240)
+def test_an_allreduce_run_saves_and_resumes_exactly(tmp_path: Path) -> None:
+    directory = str(tmp_path / "ckpt")
+    straight = run_distributed(allreduce_worker, 2, directory, "save")
+    files = sorted(p.name for p in (tmp_path / "ckpt" / "decentadam").iterdir())
+    assert files == ["meta.json", "rank-00000.pt", "rank-00001.pt"]
+    assert (
+        torch.load(tmp_path / "ckpt" / "decentadam" / "rank-00001.pt", weights_only=False)["optimizer"]
+        is None
+    )
+    resumed = run_distributed(allreduce_worker, 2, directory, "resume")
+    for ours, reference in zip(resumed, straight, strict=True):
+        assert ours["losses"] == reference["losses"][SAVE_AT:] and ours["warnings"] == []
+        for got, want in zip(ours["weights"], reference["weights"], strict=True):
+            assert torch.equal(got, want)
+    # one process takes rank 0's weights and moments; only the random streams cannot come back
+    (alone,) = run_distributed(allreduce_worker, 1, directory, "resume")
+    assert any("the random number streams are not restored" in w for w in alone["warnings"])
+    # a decentralized optimizer on as many ranks refuses it as another topology
+    for message in run_distributed(switch_worker, 2, directory):
+        assert "topology 'allreduce' and local_world_size None" in message, message
+        assert "allow_topology_change=True" in message, message
+
+
+def switch_worker(rank: int, world_size: int, directory: str) -> str:
+    model = make_model(0)
+    try:
+        load_checkpoint(directory, model, DecentralizedAdam(model.parameters()))
+    except ValueError as error:
+        return str(error)
+    return "no error"

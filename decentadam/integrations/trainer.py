@@ -230,7 +230,7 @@ class DecentralizedTrainer(Trainer):
         # The completion marker comes last: once every rank's state and RNG files are written.
         self.accelerator.wait_for_everyone()
         if opt.rank == 0:
-            files.write_meta(Path(output_dir), opt)
+            files.write_meta(Path(output_dir), files.RunShape.of(opt, opt.world_size), opt.step_count)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -251,7 +251,7 @@ class DecentralizedTrainer(Trainer):
         meta = files.read_meta(checkpoint)
         exact = files.check_resumable(
             meta,
-            opt,
+            files.RunShape.of(opt, opt.world_size),
             checkpoint,
             allow_topology_change=False,
             fix=f"Resume with DecentralizedArguments(topology={meta['topology']!r}, "
