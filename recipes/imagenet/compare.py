@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import shlex
+import socket
 import statistics
 import subprocess
 import sys
@@ -82,13 +83,20 @@ def loader_speed(cfg: config.Config, processes: int, workers: list[int]) -> dict
     }
 
 
+def free_port() -> int:
+    """A port no one listens on now: the default 29500 may be taken by another run on the machine."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def launch(
     preset: str, run: Path, seed: int, args: argparse.Namespace, extra: list[str]
 ) -> tuple[list[str], float, subprocess.CompletedProcess[str]]:
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
-        str(args.processes), "--num_machines", "1", "--dynamo_backend", "no",
-        "--mixed_precision", "bf16" if args.gpu else "no",
+        str(args.processes), "--num_machines", "1", "--main_process_port", str(free_port()),
+        "--dynamo_backend", "no", "--mixed_precision", "bf16" if args.gpu else "no",
         str(HERE / "train.py"), "--preset", preset, f"data={args.data}", f"train.seed={seed}",
         "--output-dir", str(run), *extra,
     ]  # fmt: skip
