@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, confi
         "--resume", action="store_true", help="continue from the run directory's last checkpoint"
     )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. train.max_steps=200 data=DIR")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may come before and after flags
     flags = {
         "optim.optimizer": args.optimizer,
         "optim.topology": args.topology,
