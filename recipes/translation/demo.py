@@ -34,7 +34,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", default="runs/translation-demo", help="data, runs and report (replaced)")
-    parser.add_argument("--steps", type=int, default=300, help="optimizer steps of each run")
+    parser.add_argument("--steps", type=int, default=400, help="optimizer steps of each run")
     parser.add_argument("--workers", type=int, default=4, help="CPU processes per run")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for both runs")
     args = parser.parse_args()

@@ -303,6 +303,8 @@ def main(argv: list[str] | None = None) -> None:
                     "train/lr": scheduler.get_last_lr()[0],
                     "train/seconds": train_seconds,
                 }
+                if torch.cuda.is_available():
+                    values["train/peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
                 if decentralized:
                     health = metrics(optimizer)  # decentadam: two small collectives
                     values["decentadam/consensus_distance_rel"] = health["decentadam/consensus_distance_rel"]
@@ -346,7 +348,12 @@ def main(argv: list[str] | None = None) -> None:
             epoch, start_batch = epoch + 1, 0
     progress.close()
     accelerator.end_training()
-    accelerator.print(f"done: step {step}, {train_seconds:.0f} s of training; checkpoints in {run}")
+    peak = (
+        f", peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+        if torch.cuda.is_available()
+        else ""
+    )
+    accelerator.print(f"done: step {step}, {train_seconds:.0f} s of training{peak}; checkpoints in {run}")
 
 
 class _nothing:
