@@ -32,6 +32,7 @@ marked ``# decentadam``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     from accelerate.utils import set_seed
 
     from decentadam import DecentralizedAdam
+    from decentadam.checkpoint import load_checkpoint, save_checkpoint
     from decentadam.consensus import averaged, metrics
     from decentadam.integrations.accelerate import prepare
 
@@ -177,19 +179,8 @@ def main(argv: list[str] | None = None) -> None:
 
     # 2. Model and optimizer: identical initial weights on every rank, then per-rank dropout streams.
     set_seed(cfg.train.seed)
-    m = cfg.model
     model = build_model(
-        len(tokenizer),
-        pad_id=pad_id,
-        eos_id=tokenizer.eos_token_id,
-        layers=m.layers,
-        d_model=m.d_model,
-        ffn_dim=m.ffn_dim,
-        heads=m.heads,
-        dropout=m.dropout,
-        attention_dropout=m.attention_dropout,
-        activation_dropout=m.activation_dropout,
-        max_positions=m.max_positions,
+        len(tokenizer), pad_id=pad_id, eos_id=tokenizer.eos_token_id, **dataclasses.asdict(cfg.model)
     ).to(accelerator.device)
     set_seed(cfg.train.seed + 1000 * (rank + 1))
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2 or "norm" in n]
@@ -225,7 +216,9 @@ def main(argv: list[str] | None = None) -> None:
     step = epoch = start_batch = 0
     train_seconds = 0.0
     if args.resume:
-        extra = checkpoints.load(previous[-1], accelerator, model, optimizer, scheduler, decentralized)
+        extra = load_checkpoint(
+            previous[-1], model, optimizer, scheduler=scheduler
+        )  # decentadam: both optimizers
         step, epoch, start_batch = int(extra["step"]), int(extra["epoch"]), int(extra["batch"])
         train_seconds = float(extra["train_seconds"])
         accelerator.print(f"resumed from {previous[-1]} at step {step} (epoch {epoch}, batch {start_batch})")
@@ -247,15 +240,13 @@ def main(argv: list[str] | None = None) -> None:
 
     def save() -> None:
         extra = {"step": step, "epoch": epoch, "batch": start_batch, "train_seconds": train_seconds}
-        checkpoints.save(
+        save_checkpoint(  # decentadam: the consensus model, every rank's state, the tokenizer; atomic
             checkpoints.step_dir(run, step),
-            accelerator,
             model,
             optimizer,
-            scheduler,
-            tokenizer,
-            extra,
-            decentralized,
+            scheduler=scheduler,
+            extra=extra,
+            processor=tokenizer,
         )
         checkpoints.prune(run, cfg.train.keep_last, accelerator)
 
@@ -265,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     progress = tqdm(total=cfg.train.max_steps, initial=step, disable=not accelerator.is_main_process)
     window = torch.zeros(3, dtype=torch.float64)  # loss sum, micro-batches, target tokens since the last log
     window_start = time.perf_counter()
+    since = None  # decentadam: communication counters at the last log
     stop = step >= cfg.train.max_steps
     model.train()
     while not stop:
@@ -306,7 +298,8 @@ def main(argv: list[str] | None = None) -> None:
                 if torch.cuda.is_available():
                     values["train/peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
                 if decentralized:
-                    health = metrics(optimizer)  # decentadam: two small collectives
+                    health = metrics(optimizer, since=since)  # decentadam: all-reduces a copy of the weights
+                    since = optimizer.optimizer.stats.snapshot()
                     values["decentadam/consensus_distance_rel"] = health["decentadam/consensus_distance_rel"]
                     values["decentadam/comm_wait_ms"] = health["decentadam/comm_wait_ms"]
                 accelerator.log(values, step=step)
@@ -347,6 +340,8 @@ def main(argv: list[str] | None = None) -> None:
         else:
             epoch, start_batch = epoch + 1, 0
     progress.close()
+    if decentralized:
+        optimizer.optimizer.close()  # decentadam: let the last exchange finish, release the exchange groups
     accelerator.end_training()
     peak = (
         f", peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
