@@ -26,7 +26,7 @@ $(VENV)/.stamp: pyproject.toml
 	touch $@
 
 demo: venv
-	$(BIN)/python examples/demo.py $(DEMO_ARGS)
+	$(BIN)/python recipes/translation/demo.py $(DEMO_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -2,7 +2,7 @@
 
 ::
 
-    python eval/accuracy.py runs/mnist-aer/step-465 --data data/mnist-5k --split val
+    python eval/accuracy.py runs/mnist-aer/step-465 --data runs/mnist-5k --split val
     python eval/accuracy.py microsoft/resnet-50 --data /data/imagenet --split val --output resnet50.json
 
 ``CHECKPOINT`` is any directory (or hub name) that ``AutoModelForImageClassification`` and

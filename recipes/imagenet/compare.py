@@ -2,8 +2,8 @@
 
 ::
 
-    python recipes/imagenet/make_digits.py data/mnist-5k
-    flock /tmp/decentadam-cpu.lock python recipes/imagenet/compare.py --data data/mnist-5k \\
+    python recipes/imagenet/make_digits.py runs/mnist-5k
+    flock /tmp/decentadam-cpu.lock python recipes/imagenet/compare.py --data runs/mnist-5k \\
         --processes 4 --local-world-size 2 --seeds 0 1 2 --out recipes/imagenet/results/mnist-4proc
 
 trains ``--allreduce-preset`` and ``--decentralized-preset`` (by default the two small MNIST presets,

