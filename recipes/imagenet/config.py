@@ -1,0 +1,242 @@
+"""The recipe's configuration: a small dataclass per section, read from a preset, overridden as key=value.
+
+A preset is a TOML file (``presets/NAME.toml`` or any path) with the sections ``[data]``,
+``[model]``, ``[optim]`` and ``[train]``; every key must be a field of the dataclass below. On the
+command line ``section.key=value`` overrides one field (``key=value`` is enough when only one
+section has that key, and ``data=DIR`` sets ``data.path``). Values are read as TOML (``0.1``,
+``true``, ``[0.5, 1.0]``); anything TOML cannot read is taken as a string. :func:`dump` writes the
+effective configuration back as TOML, which :func:`load` reads again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PRESETS = Path(__file__).resolve().parent / "presets"
+
+
+class ConfigError(ValueError):
+    """An unknown preset, section or key, or a value of the wrong type; the message says what is expected."""
+
+
+@dataclass
+class DataConfig:
+    path: str = ""
+    """Image folder with ``train/`` and ``val/`` (one sub-folder per class), or a hub dataset name
+    (``ILSVRC/imagenet-1k``, read with ``datasets``)."""
+    train_split: str = "train"
+    """Split to train on (a sub-folder of ``path``, or a hub split)."""
+    val_split: str = "val"
+    """Split for the accuracy during training (``validation`` on the hub)."""
+    image_size: int = 224
+    """Side of the square crop the model sees, in training and in evaluation."""
+    crop_pct: float = 0.875
+    """Evaluation: resize the shorter side to ``image_size / crop_pct``, then centre-crop ``image_size``."""
+    scale: tuple[float, float] = (0.08, 1.0)
+    """Random resized crop: range of the crop's area as a fraction of the image's."""
+    ratio: tuple[float, float] = (0.75, 4.0 / 3.0)
+    """Random resized crop: range of the crop's aspect ratio (width / height)."""
+    hflip: float = 0.5
+    """Probability of a horizontal flip in training (0 for digits and text)."""
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    """Per-channel mean subtracted after scaling pixels to [0, 1] (RGB)."""
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    """Per-channel standard deviation divided by after subtracting the mean."""
+    num_workers: int = 8
+    """DataLoader worker processes per rank (0 = load in the training process)."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "resnet50"
+    """``resnet50`` (ResNetConfig's defaults), ``resnet-small`` (the sizes below, for CPUs), or any
+    ``AutoConfig`` name or directory of an image-classification model (random initialisation)."""
+    layer_type: str = "basic"
+    """``resnet-small``: ``basic`` (two 3x3 convolutions) or ``bottleneck`` blocks."""
+    embedding_size: int = 32
+    """``resnet-small``: channels of the stem convolution."""
+    hidden_sizes: tuple[int, int, int, int] = (32, 64, 128, 256)
+    """``resnet-small``: channels of the four stages."""
+    depths: tuple[int, int, int, int] = (1, 1, 1, 1)
+    """``resnet-small``: blocks per stage."""
+    channels_last: bool = True
+    """On a GPU, keep activations in channels-last memory format (faster convolutions); ignored on CPU."""
+
+
+@dataclass
+class OptimConfig:
+    optimizer: str = "decentralized"
+    """``allreduce`` (Accelerate's usual DDP prepare, all ranks hold one model) or ``decentralized``
+    (DecentralizedAdam: each rank its own copy, averaged with neighbours)."""
+    algorithm: str = "adamw"
+    """Local update: ``adamw`` (AccumAdamW when decentralized, torch AdamW under All-Reduce) or ``sgd``
+    (momentum SGD, All-Reduce only)."""
+    lr: float = 1.5e-3
+    """Peak learning rate, for ``lr_batch`` images per step (see there)."""
+    lr_batch: int = 0
+    """Linear scaling: the peak rate is ``lr * global_batch / lr_batch`` (0 = ``lr`` as is)."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    nesterov: bool = False
+    """SGD: Nesterov momentum."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    weight_decay: float = 2.0**-15
+    """Weight decay (decoupled for Adam, L2 for SGD); never on BatchNorm weights and biases."""
+    warmup_epochs: float = 5.0
+    """Linear warm-up from 0 to the peak rate over this many epochs, then cosine decay to 0."""
+    label_smoothing: float = 0.1
+    """Label smoothing of the training loss."""
+    topology: str = "aer"
+    """Decentralized graph: ``aer``, ``complete``, ``ring`` or ``one-peer-exp``."""
+    accum_steps: int = 8
+    """AccumAdam window s: the moments advance once per s steps with the window's mean gradient."""
+    local_world_size: int = 0
+    """Ranks per node for ``aer`` (0 = the launcher's LOCAL_WORLD_SIZE); 2 on one machine emulates
+    nodes of 2 ranks."""
+
+
+@dataclass
+class TrainConfig:
+    global_batch: int = 1024
+    """Images per optimizer step over all ranks; each rank takes ``global_batch / processes``."""
+    epochs: float = 90.0
+    """Length of training in passes over the training set (sets the cosine schedule's length)."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps (0 = ``epochs``); the schedule still spans ``epochs``
+    unless ``schedule_steps`` says otherwise."""
+    schedule_steps: int = 0
+    """Length of the warm-up + cosine schedule in steps (0 = ``epochs`` worth of steps)."""
+    seed: int = 0
+    """Model initialisation, data order and augmentation."""
+    eval_batch: int = 256
+    """Images per evaluation batch and rank."""
+    log_every: int = 100
+    """Steps between progress and TensorBoard logs (loss, images/s, learning rate, consensus distance)."""
+    eval_every: int = 1000
+    """Steps between top-1/top-5 evaluations of the consensus model (and one at the end)."""
+    save_every: int = 5000
+    """Steps between checkpoints (and one at the end)."""
+    keep_last: int = 3
+    """Checkpoints kept in the run directory; older ones are deleted."""
+    mixed_precision: str = "auto"
+    """``auto`` (bf16 on a GPU that supports it, else fp32), ``no``, ``bf16`` or ``fp16``."""
+    output_dir: str = "runs/imagenet"
+    """Run directory: config.toml, metrics.jsonl, TensorBoard events under tb/, step-N checkpoints."""
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+SECTIONS = tuple(f.name for f in dataclasses.fields(Config))
+
+
+def presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS.glob("*.toml"))
+
+
+def load(preset: str | None, overrides: list[str] | None = None) -> Config:
+    """Defaults, then the preset's values, then the ``key=value`` overrides."""
+    cfg = Config()
+    if preset:
+        path = Path(preset) if preset.endswith(".toml") else PRESETS / f"{preset}.toml"
+        if not path.is_file():
+            raise ConfigError(f"no preset {preset!r} ({path}): expected one of {', '.join(presets())}")
+        try:
+            values = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"{path} is not valid TOML: {error}") from None
+        for section, entries in values.items():
+            if section not in SECTIONS or not isinstance(entries, dict):
+                raise ConfigError(f"{path}: unknown section [{section}]; expected {', '.join(SECTIONS)}")
+            for key, value in entries.items():
+                _set(cfg, section, key, value, str(path))
+    for item in overrides or []:
+        _set(cfg, *parse_override(item), "command line")
+    return cfg
+
+
+def parse_override(item: str) -> tuple[str, str, Any]:
+    """``section.key=value``, ``key=value`` (a key of one section only) or ``data=DIR``."""
+    name, sep, text = item.partition("=")
+    if not sep:
+        raise ConfigError(f"{item!r} is not key=value (e.g. train.max_steps=100)")
+    name = name.strip()
+    if name == "data":
+        section, key = "data", "path"
+    elif "." in name:
+        section, key = name.split(".", 1)
+    else:
+        owners = [s for s in SECTIONS if name in _fields(s)]
+        if len(owners) != 1:
+            where = "several sections" if owners else "no section"
+            raise ConfigError(
+                f"{name!r} is a key of {where}: write section.{name}=... ({', '.join(SECTIONS)})"
+            )
+        section, key = owners[0], name
+    try:
+        value: Any = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    return section, key, value
+
+
+def dump(cfg: Config) -> str:
+    """The configuration as TOML."""
+    lines: list[str] = []
+    for section in SECTIONS:
+        lines.append(f"[{section}]")
+        for key, value in dataclasses.asdict(getattr(cfg, section)).items():
+            lines.append(f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _fields(section: str) -> dict[str, Any]:
+    return typing.get_type_hints(typing.get_type_hints(Config)[section])
+
+
+def _set(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
+    if section not in SECTIONS:
+        raise ConfigError(
+            f"{where}: unknown section {section!r} in {section}.{key}; expected {', '.join(SECTIONS)}"
+        )
+    kinds = _fields(section)
+    if key not in kinds:
+        raise ConfigError(f"{where}: unknown key {section}.{key}; [{section}] has {', '.join(kinds)}")
+    setattr(getattr(cfg, section), key, _coerce(kinds[key], value, f"{where}: {section}.{key}"))
+
+
+def _coerce(kind: Any, value: Any, name: str) -> Any:
+    if kind is bool and isinstance(value, bool):
+        return value
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind is str:
+        return value if isinstance(value, str) else json.dumps(value)
+    if typing.get_origin(kind) is tuple:
+        items = typing.get_args(kind)
+        if isinstance(value, (list, tuple)) and len(value) == len(items):
+            return tuple(_coerce(k, v, name) for k, v in zip(items, value, strict=True))
+        raise ConfigError(f"{name} = {value!r}: expected a list of {len(items)} values")
+    raise ConfigError(f"{name} = {value!r}: expected {getattr(kind, '__name__', kind)}")
