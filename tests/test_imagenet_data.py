@@ -218,7 +218,7 @@ def test_overrides_dump_and_errors(tmp_path: Path) -> None:
     assert (cfg.data.path, cfg.train.max_steps, cfg.data.hflip, cfg.data.scale) == ("/x", 7, 0.5, (0.5, 1.0))
     (tmp_path / "run.toml").write_text(config.dump(cfg))
     assert config.load(str(tmp_path / "run.toml")) == cfg
-    with pytest.raises(config.ConfigError, match=r"unknown key train\.steps"):
+    with pytest.raises(config.ConfigError, match=r"unknown config key train\.steps"):
         config.load(None, ["train.steps=3"])
     with pytest.raises(config.ConfigError, match=r"train\.max_steps = 'many': expected int"):
         config.load(None, ["train.max_steps=many"])

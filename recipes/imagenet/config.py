@@ -1,33 +1,23 @@
-"""The recipe's configuration: a small dataclass per section, read from a preset, overridden as key=value.
+"""The recipe's configuration: one small dataclass per section, with a docstring per field.
 
-A preset is a TOML file (``presets/NAME.toml`` or any path) with the sections ``[data]``,
-``[model]``, ``[optim]`` and ``[train]``; every key must be a field of the dataclass below. On the
-command line ``section.key=value`` overrides one field (``key=value`` is enough when only one
-section has that key, and ``data=DIR`` sets ``data.path``). Values are read as TOML (``0.1``,
-``true``, ``[0.5, 1.0]``); anything TOML cannot read is taken as a string. :func:`dump` writes the
-effective configuration back as TOML, which :func:`load` reads again.
+Presets are the TOML files in ``presets/``; :mod:`recipe_config` (in ``recipes/``, shared by the
+recipes) loads one, applies ``section.key=value`` overrides from the command line and writes the
+effective configuration back as TOML.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import sys
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # recipes/: the shared recipe_config
+import recipe_config
+from recipe_config import ConfigError
+
+__all__ = ["Config", "ConfigError", "dump", "load", "presets"]
 
 PRESETS = Path(__file__).resolve().parent / "presets"
-
-
-class ConfigError(ValueError):
-    """An unknown preset, section or key, or a value of the wrong type; the message says what is expected."""
 
 
 @dataclass
@@ -146,97 +136,6 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-SECTIONS = tuple(f.name for f in dataclasses.fields(Config))
-
-
-def presets() -> list[str]:
-    return sorted(p.stem for p in PRESETS.glob("*.toml"))
-
-
-def load(preset: str | None, overrides: list[str] | None = None) -> Config:
-    """Defaults, then the preset's values, then the ``key=value`` overrides."""
-    cfg = Config()
-    if preset:
-        path = Path(preset) if preset.endswith(".toml") else PRESETS / f"{preset}.toml"
-        if not path.is_file():
-            raise ConfigError(f"no preset {preset!r} ({path}): expected one of {', '.join(presets())}")
-        try:
-            values = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as error:
-            raise ConfigError(f"{path} is not valid TOML: {error}") from None
-        for section, entries in values.items():
-            if section not in SECTIONS or not isinstance(entries, dict):
-                raise ConfigError(f"{path}: unknown section [{section}]; expected {', '.join(SECTIONS)}")
-            for key, value in entries.items():
-                _set(cfg, section, key, value, str(path))
-    for item in overrides or []:
-        _set(cfg, *parse_override(item), "command line")
-    return cfg
-
-
-def parse_override(item: str) -> tuple[str, str, Any]:
-    """``section.key=value``, ``key=value`` (a key of one section only) or ``data=DIR``."""
-    name, sep, text = item.partition("=")
-    if not sep:
-        raise ConfigError(f"{item!r} is not key=value (e.g. train.max_steps=100)")
-    name = name.strip()
-    if name == "data":
-        section, key = "data", "path"
-    elif "." in name:
-        section, key = name.split(".", 1)
-    else:
-        owners = [s for s in SECTIONS if name in _fields(s)]
-        if len(owners) != 1:
-            where = "several sections" if owners else "no section"
-            raise ConfigError(
-                f"{name!r} is a key of {where}: write section.{name}=... ({', '.join(SECTIONS)})"
-            )
-        section, key = owners[0], name
-    try:
-        value: Any = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = text
-    return section, key, value
-
-
-def dump(cfg: Config) -> str:
-    """The configuration as TOML."""
-    lines: list[str] = []
-    for section in SECTIONS:
-        lines.append(f"[{section}]")
-        for key, value in dataclasses.asdict(getattr(cfg, section)).items():
-            lines.append(f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else value)}")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _fields(section: str) -> dict[str, Any]:
-    return typing.get_type_hints(typing.get_type_hints(Config)[section])
-
-
-def _set(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
-    if section not in SECTIONS:
-        raise ConfigError(
-            f"{where}: unknown section {section!r} in {section}.{key}; expected {', '.join(SECTIONS)}"
-        )
-    kinds = _fields(section)
-    if key not in kinds:
-        raise ConfigError(f"{where}: unknown key {section}.{key}; [{section}] has {', '.join(kinds)}")
-    setattr(getattr(cfg, section), key, _coerce(kinds[key], value, f"{where}: {section}.{key}"))
-
-
-def _coerce(kind: Any, value: Any, name: str) -> Any:
-    if kind is bool and isinstance(value, bool):
-        return value
-    if kind is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if kind is str:
-        return value if isinstance(value, str) else json.dumps(value)
-    if typing.get_origin(kind) is tuple:
-        items = typing.get_args(kind)
-        if isinstance(value, (list, tuple)) and len(value) == len(items):
-            return tuple(_coerce(k, v, name) for k, v in zip(items, value, strict=True))
-        raise ConfigError(f"{name} = {value!r}: expected a list of {len(items)} values")
-    raise ConfigError(f"{name} = {value!r}: expected {getattr(kind, '__name__', kind)}")
+presets = recipe_config.Presets(Config, PRESETS).names
+load = recipe_config.Presets(Config, PRESETS).load
+dump = recipe_config.dump

@@ -1,32 +1,23 @@
-"""The recipe's configuration: one small dataclass per section, loaded from a preset, overridden as key=value.
+"""The recipe's configuration: one small dataclass per section, with a docstring per field.
 
-A preset is a TOML file in ``presets/`` (or any path) with the sections ``[data]``, ``[model]``,
-``[optim]`` and ``[train]``; every key must be a field below. Overrides on the command line are
-``section.field=value`` (or ``field=value`` when the name is unique across sections, and
-``data=DIR`` for ``data.path``); values are parsed as TOML (``0.1``, ``true``, ``[0.9, 0.98]``) and
-anything else is a string. :func:`dump` writes the effective configuration back as TOML.
+Presets are the TOML files in ``presets/``; :mod:`recipe_config` (in ``recipes/``, shared by the
+recipes) loads one, applies ``section.key=value`` overrides from the command line and writes the
+effective configuration back as TOML.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import sys
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # recipes/: the shared recipe_config
+import recipe_config
+from recipe_config import ConfigError
+
+__all__ = ["Config", "ConfigError", "available_presets", "dump", "load"]
 
 PRESETS = Path(__file__).resolve().parent / "presets"
-
-
-class ConfigError(ValueError):
-    """An unknown preset or key, or a value of the wrong type; the message says what is expected."""
 
 
 @dataclass
@@ -144,119 +135,6 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-SECTIONS = [f.name for f in dataclasses.fields(Config)]
-
-
-def available_presets() -> list[str]:
-    return sorted(p.stem for p in PRESETS.glob("*.toml"))
-
-
-def preset_path(name: str) -> Path:
-    """``presets/NAME.toml``, or ``name`` itself when it is a path to a TOML file."""
-    candidate = Path(name)
-    if candidate.suffix == ".toml" and candidate.is_file():
-        return candidate
-    path = PRESETS / f"{name}.toml"
-    if not path.is_file():
-        raise ConfigError(
-            f"unknown preset {name!r}: expected one of {', '.join(available_presets())} or a .toml file"
-        )
-    return path
-
-
-def load(preset: str | None, overrides: list[str] | None = None) -> Config:
-    """The default config, updated by the preset file and then by ``key=value`` overrides."""
-    config = Config()
-    if preset:
-        path = preset_path(preset)
-        try:
-            values = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as error:
-            raise ConfigError(f"{path} is not valid TOML: {error}") from None
-        for section, entries in values.items():
-            if section not in SECTIONS or not isinstance(entries, dict):
-                raise ConfigError(f"{path}: unknown section [{section}]; expected {', '.join(SECTIONS)}")
-            for key, value in entries.items():
-                _set(config, section, key, value, where=f"{path}")
-    for item in overrides or []:
-        section, key, value = parse_override(item)
-        _set(config, section, key, value, where="command line")
-    return config
-
-
-def parse_override(item: str) -> tuple[str, str, Any]:
-    """``section.key=value`` (or ``key=value`` for a unique field name) -> (section, key, parsed value)."""
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} is not key=value (e.g. train.max_steps=100)")
-    name, text = item.split("=", 1)
-    name = name.strip()
-    if name == "data":
-        section, key = "data", "path"
-    elif "." in name:
-        section, key = name.split(".", 1)
-    else:
-        owners = [s for s in SECTIONS if key_names(s).count(name)]
-        if len(owners) != 1:
-            known = ", ".join(f"{s}.{k}" for s in SECTIONS for k in key_names(s))
-            raise ConfigError(f"unknown config key {name!r}: expected section.key, one of {known}")
-        section, key = owners[0], name
-    try:
-        value: Any = tomllib.loads(f"value = {text}")["value"]
-    except tomllib.TOMLDecodeError:
-        value = text
-    return section, key, value
-
-
-def key_names(section: str) -> list[str]:
-    return [f.name for f in dataclasses.fields(_section_type(section))]
-
-
-def _section_type(section: str) -> Any:
-    return typing.get_type_hints(Config)[section]
-
-
-def _set(config: Config, section: str, key: str, value: Any, where: str) -> None:
-    if section not in SECTIONS:
-        raise ConfigError(
-            f"{where}: unknown config section {section!r} in {section}.{key}; expected {', '.join(SECTIONS)}"
-        )
-    target = getattr(config, section)
-    hints = typing.get_type_hints(type(target))
-    if key not in hints:
-        raise ConfigError(
-            f"{where}: unknown config key {section}.{key}; [{section}] has {', '.join(key_names(section))}"
-        )
-    setattr(target, key, _coerce(hints[key], value, f"{where}: {section}.{key}"))
-
-
-def _coerce(kind: Any, value: Any, name: str) -> Any:
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-    elif kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif kind is str:
-        return value if isinstance(value, str) else json.dumps(value)
-    elif typing.get_origin(kind) is tuple:
-        args = typing.get_args(kind)
-        if isinstance(value, (list, tuple)) and len(value) == len(args):
-            return tuple(_coerce(a, v, name) for a, v in zip(args, value, strict=True))
-    expected = getattr(kind, "__name__", str(kind)).replace("tuple", "a list like [0.9, 0.98] for tuple")
-    raise ConfigError(f"{name} = {value!r}: expected {expected}")
-
-
-def dump(config: Config) -> str:
-    """The configuration as TOML (what :func:`load` reads back)."""
-    lines: list[str] = []
-    for section in SECTIONS:
-        lines.append(f"[{section}]")
-        for key, value in dataclasses.asdict(getattr(config, section)).items():
-            if isinstance(value, tuple):
-                value = list(value)
-            lines.append(f"{key} = {json.dumps(value)}")
-        lines.append("")
-    return "\n".join(lines)
+available_presets = recipe_config.Presets(Config, PRESETS).names
+load = recipe_config.Presets(Config, PRESETS).load
+dump = recipe_config.dump
