@@ -261,6 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     progress = tqdm(total=max_steps, initial=step, disable=not accelerator.is_main_process, unit="step")
     window = torch.zeros(3, dtype=torch.float64)  # loss sum, batches, images since the last log
     window_seconds = 0.0
+    since = None  # decentadam: communication counters at the previous log
     done = step >= max_steps
     model.train()
     while not done:
@@ -299,7 +300,8 @@ def main(argv: list[str] | None = None) -> None:
                     "img/s": f"{values['train/images_per_s']:.0f}",
                 }
                 if decentralized:
-                    health = metrics(optimizer)  # decentadam: a collective, every rank calls it
+                    health = metrics(optimizer, since=since)  # decentadam: a collective, every rank calls it
+                    since = optimizer.optimizer.stats.snapshot()
                     values["decentadam/consensus_distance_rel"] = health["decentadam/consensus_distance_rel"]
                     values["decentadam/comm_wait_ms"] = health["decentadam/comm_wait_ms"]
                     postfix["consensus"] = f"{health['decentadam/consensus_distance_rel']:.1e}"
