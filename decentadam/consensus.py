@@ -144,8 +144,8 @@ def register_metrics_hook(
     """Log :func:`metrics` every ``every`` optimizer steps through ``log_fn(values, step)``.
 
     The metrics are collectives, run on every rank from an optimizer step post-hook; nothing is
-    exchanged in between, so the cost (an all-reduce of a float64 copy of the parameters and two
-    small ones) comes once every ``every`` steps. With Accelerate pass ``accelerator.log`` (it writes
-    only on the main process). ``.remove()`` detaches.
+    exchanged in between, so their cost (see :func:`metrics`) comes once every ``every`` steps.
+    With Accelerate pass ``accelerator.log`` (it writes only on the main process). ``.remove()``
+    detaches.
     """
     return MetricsHook(optimizer, every, log_fn)

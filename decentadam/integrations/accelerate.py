@@ -126,8 +126,8 @@ def log_metrics_every(accelerator: Accelerator, optimizer: Any, every: int) -> M
 
     Keys: ``decentadam/consensus_distance``, ``decentadam/consensus_distance_rel``,
     ``decentadam/comm_wait_ms`` (per step, mean over ranks), ``decentadam/comm_mb`` (per step and
-    rank). Computing them costs two small collectives every ``every`` steps and nothing between.
-    Call ``.remove()`` on the result to stop.
+    rank). They cost what :func:`decentadam.consensus.metrics` says (an all-reduce of a float64 copy
+    of the parameters), every ``every`` steps and nothing between. ``.remove()`` on the result stops.
     """
     return register_metrics_hook(optimizer, every, lambda values, step: accelerator.log(values, step=step))
 
