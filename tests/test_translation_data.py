@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ pytest.importorskip("transformers", reason="the translation recipe needs pip ins
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "recipes" / "translation"))
 
+import compare  # noqa: E402
 import config  # noqa: E402
 import data  # noqa: E402
 import synthetic  # noqa: E402
@@ -221,3 +223,17 @@ def test_train_script_reports_bad_input_before_training(corpus: Path, tmp_path: 
         assert process.returncode == 2, process.stderr[-2000:]
         assert process.stderr.strip().startswith("error: ") and message in process.stderr
         assert not (run / "config.toml").exists()
+
+
+# Comparison report ----------------------------------------------------------------------------
+
+
+def test_compare_report_keeps_the_other_run_only_when_the_arguments_match(tmp_path: Path) -> None:
+    header = {"preset": "p", "data": "d", "steps": 10, "workers": 4, "overrides": ["a=1"]}
+    run = {"bleu": 12.5}
+    (tmp_path / "report.json").write_text(json.dumps({**header, "runs": {"allreduce": run}}))
+
+    assert compare.start_report(tmp_path, header)["runs"] == {"allreduce": run}
+    assert compare.start_report(tmp_path, {**header, "steps": 20})["runs"] == {}
+    assert compare.start_report(tmp_path, {**header, "overrides": []})["runs"] == {}
+    assert compare.start_report(tmp_path / "missing", header) == {**header, "runs": {}}

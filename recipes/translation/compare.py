@@ -151,6 +151,22 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
+def start_report(out: Path, header: dict[str, Any]) -> dict[str, Any]:
+    """A report with ``header`` and no runs, or the runs of ``OUT/report.json`` when its header matches.
+
+    So ``--only allreduce`` then ``--only decentralized`` with the same arguments build one report:
+    each training can hold the CPU lock on its own, and neither run is repeated. A report whose
+    header differs (another preset, step count, data or overrides) is replaced, not mixed in.
+    """
+    path = out / "report.json"
+    if path.is_file():
+        previous = json.loads(path.read_text())
+        if {key: previous.get(key) for key in header} == header:
+            return {**header, "runs": previous.get("runs", {})}
+        print(f"{path} was written with other arguments: starting a new report", flush=True)
+    return {**header, "runs": {}}
+
+
 def compare(
     preset: str,
     data: str,
@@ -168,17 +184,19 @@ def compare(
     import config
 
     cfg = config.load(preset, [f"data={data}", *(overrides or [])])
-    report: dict[str, Any] = {
-        "preset": preset,
-        "data": data,
-        "steps": steps,
-        "workers": workers,
-        "overrides": overrides or [],
-        "src": cfg.data.src,
-        "tgt": cfg.data.tgt,
-        "split": cfg.data.test_split,
-        "runs": {},
-    }
+    report = start_report(
+        out,
+        {
+            "preset": preset,
+            "data": data,
+            "steps": steps,
+            "workers": workers,
+            "overrides": overrides or [],
+            "src": cfg.data.src,
+            "tgt": cfg.data.tgt,
+            "split": cfg.data.test_split,
+        },
+    )
     for optimizer in optimizers:
         run = out / optimizer
         settings = [f"data={data}", f"train.max_steps={steps}", *(overrides or [])]
@@ -227,7 +245,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4, help="processes per run (default 4)")
     parser.add_argument("--gpu", action="store_true", help="one process per GPU instead of CPU processes")
     parser.add_argument("--bleu-arg", action="append", default=[], help="passed to eval/bleu.py (repeatable)")
-    parser.add_argument("--only", choices=OPTIMIZERS, help="train and score one optimizer only")
+    parser.add_argument(
+        "--only",
+        choices=OPTIMIZERS,
+        help="train and score one optimizer only; a report of the same arguments in OUT keeps its other run",
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for both runs")
     args = parser.parse_args()
     report = compare(
