@@ -281,6 +281,9 @@ def markdown(report: dict[str, Any]) -> str:
     cal = report["calibration"]
     link = report["link"]
     compute_ms = cal["compute_s"] * 1e3
+    probed_comm = allreduce_comm_s(
+        report["model_inputs"]["inter_bytes_per_s"] * 8 / 1e6, cal["param_bytes"]
+    )  # tbf passes TCP payload at a little under its rate (headers, the other direction's ACKs)
     lines = [
         "# Time to the same translation quality on a slow network: All-Reduce against AccumAdam",
         "",
@@ -311,6 +314,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"{link['allreduce_comm_s'] / cal['compute_s']:.2f} x C |",
         f"| B_inter: TCP, one stream each way over a node link | "
         f"{report['model_inputs']['inter_bytes_per_s'] / 1e6:.1f} MB/s |",
+        f"| All-Reduce communication per iteration with the probed B_inter (model) "
+        f"| {probed_comm * 1e3:.0f} ms = {probed_comm / cal['compute_s']:.2f} x C |",
         f"| B_intra: TCP on a node's loopback, all ranks at once | "
         f"{report['model_inputs']['intra_bytes_per_s'] / 1e6:.0f} MB/s |",
         "",
@@ -344,7 +349,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {_fmt(run.get('link_mb_per_rank_iter'), '.1f')} / {_fmt(predicted.get('inter_mb'), '.1f')} |"
         )
     signatures = sorted({run["bleu_signature"] for run in runs.values() if run.get("bleu_signature")})
-    lines += [""] + [f"Signature: `{s}`." for s in signatures]
+    lines += [""] + [f"Signature: `BLEU|{s}`." for s in signatures]
     lines += [
         "",
         "ms/iter: training seconds per step between the first and the last evaluation. Predicted: "
@@ -857,7 +862,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"{run['label']:26s} {_fmt(run['ms_per_iter'])} ms/iter (predicted "
             f"{run['predicted']['iteration_ms']:.0f}), time to target "
-            f"{_fmt(run['time_to_target_s'], '.0f', 'not reached')} s, "
+            f"{_fmt(run['time_to_target_s'], '.0f s', 'not reached')}, "
             f"valid nll {run['final_valid_nll']:.3f}, "
             f"BLEU {run.get('bleu', float('nan')):.2f}"
         )

@@ -69,7 +69,7 @@ def made_up_report() -> dict[str, Any]:
             "curve": curve,
             "bleu": bleu,
             "chrf": 50.0,
-            "bleu_signature": "BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+            "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
             "predicted": {
                 "iteration_ms": predicted_ms,
                 "serial_ms": predicted_ms + 100,
@@ -132,6 +132,10 @@ def test_report_from_made_up_runs(tmp_path: Path) -> None:
     assert "| 25 | 0.42 | 2.500 | 29.80 |" in md
     assert "Signature: `BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0`." in md
     assert "| 240 Mbit/s (solved) |" in md
+    assert (
+        "| All-Reduce communication per iteration with the probed B_inter (model) | 1607 ms = 1.61 x C |"
+        in md
+    )
     assert "| 20 | 4.000 (40) | 3.500 (20) | 4.500 (22) |" in md  # the curves, step by step
 
 
@@ -232,7 +236,7 @@ def test_the_command_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
     assert list(report["runs"]) == ["allreduce", "aer"]
     for run in report["runs"].values():
         assert [p["step"] for p in run["curve"]] == [2, 4]
-        assert run["bleu_signature"].startswith("BLEU|nrefs:1|")
+        assert run["bleu_signature"].startswith("nrefs:1|case:mixed|")
         assert run["link_mb_per_rank_iter"] > 0  # the ranks talked through the shaped links
         assert run["predicted"]["iteration_ms"] > 0
     assert report["runs"]["allreduce"]["time_to_target_s"] is not None
