@@ -389,6 +389,20 @@ def _model_notes(runs: dict[str, dict[str, Any]], compute_ms: float) -> list[str
     return notes
 
 
+def summary(report: dict[str, Any]) -> str:
+    """One line per method for the terminal (after :func:`analyse`)."""
+    lines = []
+    for name, run in report["runs"].items():
+        reached = run.get("time_to_target_s")
+        lines.append(
+            f"{METHODS[name].label if name in METHODS else name:26s} {_fmt(run.get('ms_per_iter'))} ms/iter "
+            f"(predicted {_fmt((run.get('predicted') or {}).get('iteration_ms'))}), time to target "
+            f"{'not reached' if reached is None else f'{reached:.0f} s'}, "
+            f"valid nll {_fmt(run.get('final_valid_nll'), '.3f')}, BLEU {_fmt(run.get('bleu'), '.2f')}"
+        )
+    return "\n".join(lines)
+
+
 def _curve_table(runs: dict[str, dict[str, Any]]) -> list[str]:
     names = list(runs)
     steps = sorted({int(p["step"]) for run in runs.values() for p in run["curve"]})
@@ -816,7 +830,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with EmulatedCluster(spec) as cluster:
         probes = {
-            "duplex": probe(cluster, [(0, 1), (1, 0)], rate / 8 * 0.5),
+            "duplex": probe(cluster, [(0, 1), (1, 0)], rate / 8 * 2.0),  # ~2 s: past TCP's slow start
             "intra": probe(cluster, [(n, n) for n in range(NODES) for _ in range(RANKS_PER_NODE)], 100.0),
         }
         for name, p in probes.items():
@@ -858,14 +872,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["elapsed_seconds"] = round(time.monotonic() - started, 1)
     report["machine"] = machine()
     paths = write_report(report, settings.out_dir)
-    for run in report["runs"].values():
-        print(
-            f"{run['label']:26s} {_fmt(run['ms_per_iter'])} ms/iter (predicted "
-            f"{run['predicted']['iteration_ms']:.0f}), time to target "
-            f"{_fmt(run['time_to_target_s'], '.0f s', 'not reached')}, "
-            f"valid nll {run['final_valid_nll']:.3f}, "
-            f"BLEU {run.get('bleu', float('nan')):.2f}"
-        )
+    print(summary(report))
     for path in paths:
         print(f"wrote {path}")
     return 0

@@ -147,6 +147,13 @@ def test_goals_say_when_aer_misses() -> None:
     assert [g["met"] for g in report["goals"]] == [False, False, True]
     assert report["goals"][0]["measured"] == "not reached"
     assert "time to target s" in ttq.markdown(report)
+    lines = ttq.summary(report).splitlines()
+    assert lines[0].startswith(
+        "All-Reduce (DDP + AdamW)   2000 ms/iter (predicted 2200), time to target 60 s"
+    )
+    assert (
+        "AccumAdam-AER" in lines[1] and "time to target not reached, valid nll 3.100, BLEU 29.00" in lines[1]
+    )
 
 
 # ------------------------------------------------------------------------------------ arguments
