@@ -3,7 +3,7 @@
 As root, from the repository root (the lock keeps other CPU-heavy jobs off the cores)::
 
     flock /tmp/decentadam-cpu.lock .venv/bin/python benchmarks/time_to_quality.py \\
-        --data ../shared/data/multi30k --steps 500 optim.accum_steps=2
+        --data ../shared/data/multi30k --steps 450 optim.accum_steps=2
 
 trains the translation recipe's preset (``multi30k-en-de``: 4 ranks as 2 nodes x 2) on the emulated
 cluster of ``benchmarks/cluster/`` with All-Reduce (DDP + AdamW), AccumAdam on AER and AccumAdam on
@@ -691,7 +691,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         "--data", required=True, help="the preset's data directory, e.g. ../shared/data/multi30k"
     )
     parser.add_argument(
-        "--steps", type=int, default=500, help="optimizer steps of every method (default 500)"
+        "--steps", type=int, default=450, help="optimizer steps of every method (default 450)"
     )
     parser.add_argument(
         "--eval-every", type=int, help="steps between validation losses (default: steps / 10)"
