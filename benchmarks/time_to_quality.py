@@ -86,6 +86,7 @@ class Method:
     name: str
     """Name on the command line (``--methods``) and in the JSON."""
     label: str
+    """Name in the report."""
     model: str
     """The runtime model's name for it."""
     args: tuple[str, ...]
