@@ -1,0 +1,253 @@
+"""benchmarks/time_to_quality.py: the link-rate solver, the report on made-up runs, argument errors,
+and (as root, with ``ip netns``) the whole command on a tiny model and corpus."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("matplotlib", reason="the report's plot needs matplotlib (pip install '.[bench]')")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import time_to_quality as ttq  # noqa: E402
+
+# ------------------------------------------------------------------------------------ the link rate
+
+
+def test_rate_makes_allreduce_communicate_one_and_a_half_compute() -> None:
+    compute_s, param_bytes = 1.1, 30e6
+    rate = ttq.solve_rate_mbit(compute_s, param_bytes)
+    assert ttq.allreduce_comm_s(rate, param_bytes) == pytest.approx(1.5 * compute_s, rel=5e-3)
+    # 2 x 2 ranks: the ring crosses each node link with 2 (n-1)/n S = 1.5 S per direction
+    assert rate == pytest.approx(1.5 * param_bytes * 8 / 1e6 / (1.5 * compute_s), rel=5e-3)
+    assert ttq.solve_rate_mbit(compute_s, param_bytes, ratio=3.0) == pytest.approx(rate / 2, rel=5e-3)
+    assert rate == float(f"{rate:.3g}")  # printed and used with 3 significant digits
+
+
+@pytest.mark.parametrize("args", [(0.0, 30e6), (1.0, 0.0), (1.0, 30e6, -1.0)])
+def test_rate_solver_rejects_non_positive_inputs(args: tuple[float, ...]) -> None:
+    with pytest.raises(ValueError, match="must be > 0"):
+        ttq.solve_rate_mbit(*args)
+
+
+# ------------------------------------------------------------------------------------ the report
+
+
+def points(*values: tuple[int, float, float]) -> list[dict[str, float]]:
+    return [{"step": s, "train_seconds": t, "valid_nll": v, "epoch": 0} for s, t, v in values]
+
+
+def test_time_to_target_interpolates_and_says_when_never() -> None:
+    curve = points((10, 10.0, 5.0), (20, 20.0, 4.0), (30, 30.0, 3.0))
+    assert ttq.time_to_reach(curve, 3.5) == pytest.approx(25.0)
+    assert ttq.time_to_reach(curve, 4.0) == pytest.approx(20.0)
+    assert ttq.time_to_reach(curve, 6.0) == pytest.approx(10.0)  # already there at the first point
+    assert ttq.time_to_reach(curve, 2.9) is None
+    assert ttq.time_to_reach([], 1.0) is None
+    # the first interval (warm-up) is left out of ms per iteration
+    assert ttq.steady_ms_per_iter(points((10, 15.0, 5.0), (20, 25.0, 4.0), (30, 35.0, 3.0))) == 1000.0
+    assert ttq.steady_ms_per_iter(points((10, 15.0, 5.0))) == 1500.0
+    assert ttq.steady_ms_per_iter([]) is None
+
+
+def made_up_report() -> dict[str, Any]:
+    def run(curve: list[dict[str, float]], bleu: float, predicted_ms: float) -> dict[str, Any]:
+        return {
+            "label": "x",
+            "train_command": "python train.py",
+            "wall_seconds": curve[-1]["train_seconds"] + 30,
+            "link_mb_per_rank_iter": 12.5,
+            "curve": curve,
+            "bleu": bleu,
+            "chrf": 50.0,
+            "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+            "predicted": {
+                "iteration_ms": predicted_ms,
+                "serial_ms": predicted_ms + 100,
+                "lower_bound_ms": predicted_ms - 50,
+                "comm_ms": 1500.0 if predicted_ms > 2000 else 500.0,
+                "inter_mb": 10.0,
+            },
+        }
+
+    return {
+        "command": ".venv/bin/python benchmarks/time_to_quality.py --data D --steps 30",
+        "preset": "multi30k-en-de",
+        "data": "/data",
+        "overrides": ["optim.accum_steps=2"],
+        "steps": 30,
+        "eval_every": 10,
+        "calibration": {
+            "compute_s": 1.0,
+            "compute_mean_s": 0.9,
+            "forward_fraction": 0.33,
+            "adamw_s": 0.03,
+            "decentralized_s": 0.04,
+            "param_bytes": 30e6,
+            "params": 7.5e6,
+        },
+        "link": {"rate_mbit": 240.0, "how": "solved", "allreduce_comm_s": 1.5, "comm_ratio": 1.5},
+        "model_inputs": {"inter_bytes_per_s": 28e6, "intra_bytes_per_s": 900e6},
+        "machine": {"cpu": "test CPU", "cores": "2", "torch": "2.13", "date": "today"},
+        "runs": {
+            # All-Reduce: 2 s per step after the first interval, final valid NLL 3.0 at 60 s
+            "allreduce": run(points((10, 20.0, 5.0), (20, 40.0, 4.0), (30, 60.0, 3.0)), 30.0, 2200.0),
+            # AER: 1 s per step, reaches 3.0 between 20 s (3.5) and 30 s (2.5): at 25 s
+            "aer": run(points((10, 10.0, 5.5), (20, 20.0, 3.5), (30, 30.0, 2.5)), 29.8, 1050.0),
+            "complete": run(points((10, 11.0, 5.5), (20, 22.0, 4.5), (30, 33.0, 3.2)), 29.0, 1100.0),
+        },
+    }
+
+
+def test_report_from_made_up_runs(tmp_path: Path) -> None:
+    paths = ttq.write_report(made_up_report(), tmp_path)
+    assert [p.name for p in paths] == ["time_to_quality.md", "time_to_quality.json", "time_to_quality.png"]
+    assert all(p.stat().st_size > 0 for p in paths)
+    report = json.loads(paths[1].read_text())
+    runs = report["runs"]
+    assert report["target_valid_nll"] == 3.0
+    assert runs["allreduce"]["time_to_target_s"] == pytest.approx(60.0)
+    assert runs["aer"]["time_to_target_s"] == pytest.approx(25.0)
+    assert runs["aer"]["time_ratio"] == pytest.approx(25.0 / 60.0)
+    assert runs["complete"]["time_to_target_s"] is None
+    assert runs["aer"]["ms_per_iter"] == pytest.approx(1000.0)
+    assert runs["aer"]["iter_ratio"] == pytest.approx(0.5)
+    assert runs["aer"]["predicted_iter_ratio"] == pytest.approx(1050.0 / 2200.0)
+    goals = {g["goal"].split()[-1]: g for g in report["goals"]}
+    assert len(report["goals"]) == 3 and all(g["met"] for g in report["goals"]), goals
+
+    md = paths[0].read_text()
+    assert report["command"] in md
+    assert "| AccumAdam-complete |" in md and "not reached" in md
+    assert "| AccumAdam-AER | 60 | 30 | 1000 | 1050 / 1150 | 0.50 / 0.48 |" in md
+    assert "| 25 | 0.42 | 2.500 | 29.80 |" in md
+    assert "Signature: `BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0`." in md
+    assert "| 240 Mbit/s (solved) |" in md
+    assert (
+        "| All-Reduce communication per iteration with the probed B_inter (model) | 1607 ms = 1.61 x C |"
+        in md
+    )
+    assert "| 20 | 4.000 (40) | 3.500 (20) | 4.500 (22) |" in md  # the curves, step by step
+
+
+def test_goals_say_when_aer_misses() -> None:
+    report = made_up_report()
+    report["runs"]["aer"]["curve"] = points((10, 10.0, 5.5), (20, 20.0, 4.5), (30, 30.0, 3.1))
+    report["runs"]["aer"]["bleu"] = 29.0
+    ttq.analyse(report)
+    assert [g["met"] for g in report["goals"]] == [False, False, True]
+    assert report["goals"][0]["measured"] == "not reached"
+    assert "time to target s" in ttq.markdown(report)
+    lines = ttq.summary(report).splitlines()
+    assert lines[0].startswith(
+        "All-Reduce (DDP + AdamW)   2000 ms/iter (predicted 2200), time to target 60 s"
+    )
+    assert (
+        "AccumAdam-AER" in lines[1] and "time to target not reached, valid nll 3.100, BLEU 29.00" in lines[1]
+    )
+
+
+# ------------------------------------------------------------------------------------ arguments
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--steps", "0"], "--steps must be at least 1"),
+        (["--eval-every", "0"], "--eval-every must be at least 1"),
+        (["--methods", "allreduce,ring"], "expected distinct names of allreduce, aer, complete"),
+        (["--methods", "aer,aer"], "expected distinct names"),
+        (["--link-mbit", "-5"], "--link-mbit must be > 0"),
+        (["--comm-ratio", "0"], "--comm-ratio must be > 0"),
+        (["optim.accum_steps"], "is not KEY=VALUE"),
+        (["train.max_steps=5"], "the benchmark sets that itself"),
+        (["max_steps=5"], "the benchmark sets that itself"),
+        (["data=/elsewhere"], "the benchmark sets that itself"),
+        (["optim.topology=ring"], "the benchmark sets that itself"),
+    ],
+)
+def test_argument_errors(
+    extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        ttq.parse_args(["--data", str(tmp_path), *extra])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_data_and_busy_work_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        ttq.parse_args(["--data", str(tmp_path / "nowhere")])
+    assert "not a directory" in capsys.readouterr().err
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "old").write_text("")
+    with pytest.raises(SystemExit):
+        ttq.parse_args(["--data", str(tmp_path), "--work-dir", str(tmp_path / "work")])
+    assert "is not empty" in capsys.readouterr().err
+
+
+def test_settings_defaults_and_what_every_training_gets(tmp_path: Path) -> None:
+    settings = ttq.parse_args(["--data", str(tmp_path), "--steps", "300", "optim.accum_steps=2"])
+    assert settings.methods == ("allreduce", "aer", "complete")
+    assert settings.eval_every == 30 and settings.link_mbit is None and settings.comm_ratio == 1.5
+    assert settings.recipe_overrides() == [f"data={tmp_path}", "train.log_every=30", "optim.accum_steps=2"]
+    assert "train.max_steps=300" in settings.run_settings()
+    assert "train.max_minutes=0" in settings.run_settings()
+    assert "optim.local_world_size=2" in settings.run_settings()
+
+
+# ------------------------------------------------------------------------------------ end to end
+
+needs_netns = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+    reason="needs root and iproute2 (ip, tc) to create the emulated cluster's network namespaces",
+)
+
+
+@needs_netns
+@pytest.mark.timeout(240)
+def test_the_command_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
+    pytest.importorskip("sacrebleu", reason="eval/bleu.py needs pip install '.[recipes]'")
+    sys.path.insert(0, str(ROOT / "recipes" / "translation"))
+    import synthetic
+
+    corpus = synthetic.write(tmp_path / "corpus", train=600, valid=40, test=12)
+    prefix = f"dq{os.getpid() % 100000}"
+    command = [
+        sys.executable, str(ROOT / "benchmarks" / "time_to_quality.py"), "--data", str(corpus),
+        "--preset", "demo-synthetic-en-de", "--steps", "4", "--eval-every", "2",
+        "--methods", "allreduce,aer", "--calibration-warmup", "1", "--calibration-steps", "2",
+        "--work-dir", str(tmp_path / "runs"), "--out-dir", str(tmp_path / "out"), "--prefix", prefix,
+        "--bleu-arg=--max-len-b=5",
+        f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=200", "model.layers=1",
+        "model.d_model=32", "model.ffn_dim=64", "model.heads=2", "train.global_tokens=1024",
+        "data.valid_limit=40",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    process = subprocess.run(command, capture_output=True, text=True, timeout=220, env=env, cwd=ROOT)
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not [line for line in listing.splitlines() if line.startswith(f"{prefix}-")]
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-5000:]
+    assert "node link rate:" in process.stdout and "Mbit/s (solved" in process.stdout
+
+    report = json.loads((tmp_path / "out" / "time_to_quality.json").read_text())
+    assert list(report["runs"]) == ["allreduce", "aer"]
+    for run in report["runs"].values():
+        assert [p["step"] for p in run["curve"]] == [2, 4]
+        assert run["bleu_signature"].startswith("nrefs:1|case:mixed|")
+        assert run["link_mb_per_rank_iter"] > 0  # the ranks talked through the shaped links
+        assert run["predicted"]["iteration_ms"] > 0
+    assert report["runs"]["allreduce"]["time_to_target_s"] is not None
+    assert report["calibration"]["param_bytes"] > 0 and report["calibration"]["compute_s"] > 0
+    md = (tmp_path / "out" / "time_to_quality.md").read_text()
+    assert "benchmarks/time_to_quality.py --data" in md and "| AccumAdam-AER |" in md
+    assert (tmp_path / "out" / "time_to_quality.png").stat().st_size > 0
