@@ -15,32 +15,14 @@ and the recipe builds its trainer with :func:`create_trainer` instead of ``conte
         unit = MyTrainUnit(context.get_data_parallel_model())
         return create_trainer(context, unit, data_reader)      # any optimizer; adapts for ours
 
-What changes against fairseq2's DDP training when ``decentralized_adam`` is selected:
-
-- no gradient is all-reduced. fairseq2 still wraps the model in DDP (which broadcasts rank 0's
-  initial weights), but the optimizer holds DDP's ``no_sync()`` for the whole run, so a forward
-  through the wrapper no longer prepares DDP's all-reduce; the parameter exchange of
-  :class:`~decentadam.DecentralizedAdam` over the data-parallel gang is the only communication;
-- each rank's gradient is that of its own mean loss (:class:`LocalNormalization`): a unit that
-  returns its target count has its loss divided by that count, instead of the trainer all-reducing
-  the count over ranks (a blocking collective per step). With ``grad_accumulation.num_batches > 1``
-  the micro-batches' mean losses are averaged, as fairseq2 does for units that return no count;
-- gradient clipping (``trainer.max_grad_norm``) clips this rank's gradient;
-- checkpoints: the model file that fairseq2 writes holds the consensus (exact average over ranks,
-  float buffers included), and ``step_N/decentadam/`` holds each rank's own weights and optimizer
-  state (:mod:`decentadam.checkpoint_files`), so a resumed run continues exactly. fairseq2 itself
-  restores each rank's RNG, LR-scheduler and data-reader state. A save overlaps the next
-  forward/backward; the next optimizer step waits for it (the per-rank state must be the one of the
-  saved step). Resuming on another world size starts every rank from the consensus weights and
-  rank 0's optimizer state, with a warning.
-
-Refused with an error that names the fix: FSDP, tensor, pipeline and hybrid-sharded parallelism
-(every rank keeps a full model), ``trainer.grad_check`` (ranks' gradients differ by design), fp16
-(each rank's loss scaler would skip steps on its own; use bf16), a checkpoint directory on a remote
-file system, and BatchNorm layers (DDP turns them into SyncBatchNorm, which synchronises every
-forward). Validation runs on each rank's own weights (fairseq2 averages the metrics over ranks),
-not on the consensus model. ``accum_adamw`` is the purely local AccumAdamW under ordinary DDP: none
-of the above applies to it.
+With ``decentralized_adam`` no gradient is all-reduced (the optimizer holds DDP's ``no_sync()``
+for the run; its parameter exchange over fairseq2's data-parallel gang is the only communication),
+each rank's gradient is that of its own mean loss (:class:`LocalNormalization`) and is clipped on
+its own, and every checkpoint holds the consensus model in fairseq2's model file plus each rank's own
+weights and optimizer state in ``step_N/decentadam/`` (:mod:`decentadam.checkpoint_files`), from
+which a resumed run continues exactly. What is refused, what is not covered, and what this relies
+on in fairseq2 beyond its promises: ``docs/fairseq2.md``. ``accum_adamw`` is the purely local
+AccumAdamW under fairseq2's ordinary DDP: none of this applies to it.
 """
 
 from __future__ import annotations
@@ -390,7 +372,11 @@ class DecentralizedFacade(DataParallelFacade):
         self.attached = True
 
     def close(self) -> None:
-        """Release DDP's ``no_sync``, the hooks and the optimizer's exchange groups (idempotent)."""
+        """Release DDP's ``no_sync``, the hooks and the optimizer's exchange groups (idempotent).
+
+        For use outside ``Trainer.run``: the trainer ends by destroying every process group, after
+        its last checkpoint, whose hook waited for the exchange in flight.
+        """
         self._hold_no_sync.close()
         self._step_hook.remove()
         self._load_hook.remove()
