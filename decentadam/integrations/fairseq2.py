@@ -348,7 +348,8 @@ class DecentralizedFacade(DataParallelFacade):
 
     def state_dict(self) -> dict[str, object]:
         """This rank's weights (fairseq2 saves rank 0's; the save hook replaces them by the consensus)."""
-        return dict(self.module.state_dict())
+        state: dict[str, object] = self.module.state_dict()  # as fairseq2's own DDP facade: with _metadata
+        return state
 
     def load_state_dict(self, state_dict: dict[str, object]) -> None:
         load_state_dict(self.module, state_dict)
