@@ -414,7 +414,7 @@ class PairingWorker:
                         self._busy = True
                         break
                     wait = HEARTBEAT_SECONDS if idle else self.clock.seconds_until(due)
-                    self._cond.wait(min(max(wait, 1e-4), HEARTBEAT_SECONDS))
+                    self._cond.wait(min(max(wait, 1e-3), HEARTBEAT_SECONDS))
                     if self.client.beat_due():
                         break  # heartbeat outside the lock, then come back
                 if self._stopping:
