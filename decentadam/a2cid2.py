@@ -437,8 +437,8 @@ class A2CiD2(Optimizer):
         except RuntimeError as error:
             self._failed = True
             raise PeerFailure(
-                f"the averaging with rank {peer} did not complete within {self.timeout:g} s; that rank "
-                f"probably died or stalled. Cause: {error}"
+                f"the averaging of rank {self.rank} with rank {peer} failed (waiting at most "
+                f"{self.timeout:g} s): rank {peer} probably died or stalled. Cause: {error}"
             ) from error
         for send, recv in zip(self._send, self._recv, strict=True):
             recv.sub_(send)  # d = x_peer - x_self, both as sent
@@ -488,18 +488,16 @@ class A2CiD2(Optimizer):
         averagings paused, and puts each rank's own parameters back on exit; ``restore=False`` keeps
         the average. ``x~`` is left as it is (its offset ``y`` to ``x`` stays local).
         """
+        if not restore:
+            with self.paused():
+                return bucketing.average(self._buckets, self.communicator, restore=False)
         self._pause()
         try:
-            if not restore:
-                return bucketing.average(self._buckets, self.communicator, restore=False)
             averaged = bucketing.average(self._buckets, self.communicator, True, self._after_average)
         except BaseException:
             self._resume()
             raise
-        finally:
-            if not restore:
-                self._resume()
-        self._open_average = True
+        self._open_average = True  # until the local parameters are back: step() refuses meanwhile
         return averaged
 
     def _after_average(self) -> None:

@@ -47,8 +47,9 @@ Invariants (checked by tests/test_pairing.py with many short randomized runs):
   answered when a neighbour becomes ready, when its rank cancels it (to pause or close), or with
   ``alone`` once all its neighbours have left; closing waits for ``done`` and for nothing else;
 - a dead rank makes the others fail within ``timeout``: its heartbeat stops, the matchmaker sets
-  ``dead``, and every worker checks that key at each heartbeat. If rank 0 dies, the store goes with
-  it and every other worker's next store operation fails.
+  ``dead`` (or sooner: a worker whose exchange failed sets it, naming its partner), and every
+  worker checks that key at each heartbeat. If rank 0 dies, the store goes with it and every other
+  worker's next store operation fails.
 """
 
 from __future__ import annotations
@@ -195,20 +196,24 @@ class Matchmaker:
             if now - checked < HEARTBEAT_SECONDS:
                 continue
             checked = now
+            if store.check(["dead"]):  # a worker reported its own failure
+                return
             for rank in range(graph.world_size):
-                if rank in left:
-                    continue
                 value = int(store.add(f"hb/{rank}", 0))
                 if value != beats[rank][0]:
                     beats[rank] = (value, now)
-                elif now - beats[rank][1] > self.timeout:
-                    reason = (
-                        f"rank {rank} sent no heartbeat for {self.timeout:g} s: it probably died or "
-                        "hangs (check its log)"
-                    )
-                    logger.error("decentadam: %s", reason)
-                    store.set("dead", reason)
-                    return
+            silent = [
+                r for r in range(graph.world_size) if r not in left and now - beats[r][1] > self.timeout
+            ]
+            if silent:
+                rank = min(silent, key=lambda r: beats[r][1])  # the one silent for longest
+                reason = (
+                    f"rank {rank} sent no heartbeat for {self.timeout:g} s: it probably died or hangs "
+                    "(check its log)"
+                )
+                logger.error("decentadam: %s", reason)
+                store.set("dead", reason)
+                return
 
 
 @dataclass(frozen=True)
@@ -259,6 +264,16 @@ class MatchClient:
             return Answer("pair", int(words[1]), int(words[2]))
         kind: Literal["cancelled", "alone"] = "cancelled" if words[0] == "cancelled" else "alone"
         return Answer(kind)
+
+    def report(self, error: BaseException) -> None:
+        """Tell every rank why this rank's gossip stopped, unless a failure was reported already.
+
+        A rank whose exchange failed (its partner died) stops heartbeating; without this the
+        others would name it, not the dead partner, once its heartbeat is missed.
+        """
+        with contextlib.suppress(Exception):  # the store may be what failed
+            if not self.store.check(["dead"]):
+                self.store.set("dead", f"rank {self.rank} stopped: {error}")
 
     def finished(self) -> bool:
         """Whether every rank has left."""
@@ -399,6 +414,7 @@ class PairingWorker:
                 backoff.sleep()
         except BaseException as error:  # re-raised by stop(), and by A2CiD2.step()
             self.error = error
+            self.client.report(error)
         finally:
             with self._cond:
                 self._busy = False

@@ -131,7 +131,9 @@ def test_a_silent_rank_is_declared_dead_and_the_others_fail() -> None:
     matchmaker.start()
     clock = FakeClock()
     workers = {
-        rank: PairingWorker(MatchClient(store, rank, 1.0), lambda peer, number: None, clock, Schedule(1.0, "poisson", 0))
+        rank: PairingWorker(
+            MatchClient(store, rank, 1.0), lambda peer, number: None, clock, Schedule(1.0, "poisson", 0)
+        )
         for rank in (0, 1, 3)  # rank 2 never starts: it sends no heartbeat
     }
     start = time.monotonic()

@@ -34,6 +34,9 @@ Gradient norms (``accelerator.clip_grad_norm_``) are per rank: each rank clips i
 from the prepared optimizer, so a resumed fp16 run continues from the saved scale.
 Save with :func:`decentadam.checkpoint.save_checkpoint`: ``accelerator.save_state`` writes only
 rank 0's model and optimizer, which loses the other ranks' state.
+
+:class:`decentadam.A2CiD2` (asynchronous gossip) goes through :func:`prepare` the same way, except
+that the fp16 loss scaler stays Accelerate's: each rank skips its own overflowing steps.
 """
 
 from __future__ import annotations
