@@ -2,20 +2,21 @@
 
 A :class:`Bucket` holds parameters of one param group, device and dtype; its ``buffer`` is the
 flat send and receive buffer of its exchanges (the optimizer's only extra copy of them). The
-functions here act on a list of buckets through a :class:`~decentadam.collectives.Communicator`;
+functions here act on a list of buckets through the world collectives of a communicator
+(:class:`~decentadam.collectives.WorldCollectives`);
 :class:`~decentadam.DecentralizedAdam` exposes them as methods.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from decentadam.collectives import Communicator, Handle
+from decentadam.collectives import Handle, WorldCollectives
 
 __all__ = [
     "AveragedParameters",
@@ -96,7 +97,7 @@ def views_like(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
 
 
 @torch.no_grad()
-def broadcast(buckets: list[Bucket], others: list[Tensor], communicator: Communicator) -> None:
+def broadcast(buckets: list[Bucket], others: list[Tensor], communicator: WorldCollectives) -> None:
     """Every rank takes rank 0's parameters: one broadcast per bucket, then one per other tensor."""
     for bucket in buckets:
         torch._foreach_copy_(bucket.views, bucket.params)
@@ -107,8 +108,16 @@ def broadcast(buckets: list[Bucket], others: list[Tensor], communicator: Communi
 
 
 @torch.no_grad()
-def average(buckets: list[Bucket], communicator: Communicator, restore: bool) -> AveragedParameters:
-    """Set the parameters to their exact mean over all ranks (a collective); see the returned object."""
+def average(
+    buckets: list[Bucket],
+    communicator: WorldCollectives,
+    restore: bool,
+    after_restore: Callable[[], None] | None = None,
+) -> AveragedParameters:
+    """Set the parameters to their exact mean over all ranks (a collective); see the returned object.
+
+    ``after_restore`` runs once the local parameters are back (with ``restore=True``).
+    """
     saved = []
     for bucket in buckets:
         local = bucket.flatten()
@@ -120,12 +129,12 @@ def average(buckets: list[Bucket], communicator: Communicator, restore: bool) ->
             saved.append(local)
         else:
             bucket.pending_size = 0  # everyone holds the same x: mixing is the identity
-    return AveragedParameters(buckets, saved if restore else None)
+    return AveragedParameters(buckets, saved if restore else None, after_restore if restore else None)
 
 
 @torch.no_grad()
 def consensus_stats(
-    buckets: list[Bucket], communicator: Communicator, device: torch.device
+    buckets: list[Bucket], communicator: WorldCollectives, device: torch.device
 ) -> tuple[float, float]:
     """(mean_i ||x_i - x_bar||^2, ||x_bar||^2) in float64.
 
@@ -149,9 +158,15 @@ def consensus_stats(
 class AveragedParameters:
     """Returned by :func:`average`: a context manager that puts each rank's local parameters back."""
 
-    def __init__(self, buckets: list[Bucket], saved: list[Tensor] | None) -> None:
+    def __init__(
+        self,
+        buckets: list[Bucket],
+        saved: list[Tensor] | None,
+        after_restore: Callable[[], None] | None = None,
+    ) -> None:
         self._buckets = buckets
         self._saved = saved
+        self._after_restore = after_restore
 
     def __enter__(self) -> None:
         return None
@@ -167,3 +182,6 @@ class AveragedParameters:
         for bucket, saved in zip(self._buckets, self._saved, strict=True):
             torch._foreach_copy_(bucket.params, views_like(saved, bucket.params))
         self._saved = None
+        if self._after_restore is not None:
+            after, self._after_restore = self._after_restore, None
+            after()

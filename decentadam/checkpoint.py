@@ -36,7 +36,8 @@ import torch.distributed as dist
 from torch import nn
 
 from decentadam import checkpoint_files as files
-from decentadam.consensus import averaged
+from decentadam.a2cid2 import A2CiD2
+from decentadam.consensus import Decentralized, averaged
 from decentadam.decentralized import DecentralizedAdam
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
@@ -61,10 +62,10 @@ def save_checkpoint(
             which is replaced only once the new one is complete. Any other existing path raises
             FileExistsError on every rank (nothing is deleted).
         model: this rank's model (unwrapped from DDP / torch.compile wrappers if needed).
-        optimizer: the :class:`DecentralizedAdam` training ``model``, or the optimizer of an
-            All-Reduce (DDP) baseline, whose ranks hold the same weights and moments: then rank 0's
-            model and optimizer state are saved once, and every rank's RNG state (Accelerate's
-            wrappers are looked through).
+        optimizer: the :class:`DecentralizedAdam` or :class:`~decentadam.A2CiD2` training ``model``,
+            or the optimizer of an All-Reduce (DDP) baseline, whose ranks hold the same weights and
+            moments: then rank 0's model and optimizer state are saved once, and every rank's RNG
+            state (Accelerate's wrappers are looked through). A2CiD2's averagings pause while saving.
         scheduler: an LR scheduler whose ``state_dict`` is saved with each rank's state.
         scaler: an fp16 loss scaler (``torch.amp.GradScaler``) whose scale and growth tracker are
             saved; default: the scaler of Accelerate's optimizer wrapper, if any.
@@ -107,23 +108,26 @@ def save_checkpoint(
         )
     _raise_if_failed(status, error, f"could not create the staging directory {staging}.")
 
-    # Phase 2, every rank: rank 0 the consensus weights, each rank its own state file.
+    # Phase 2, every rank: rank 0 the consensus weights, each rank its own state file. A2CiD2's
+    # averagings pause meanwhile, so that the average is exact and each rank's x and x~ are saved
+    # together with no exchange half applied.
     error = None
-    with averaged(module, run.decentralized) if run.decentralized else contextlib.nullcontext():
-        if run.rank == 0:
-            try:
-                _write_weights(module, staging)
-                if processor is not None:
-                    processor.save_pretrained(str(staging))
-            except Exception as caught:
-                error = caught
-    state = {  # All-Reduce: the weights are the model file's, the moments rank 0's (the same everywhere)
-        "model": module.state_dict() if run.decentralized else None,
-        "optimizer": run.optimizer.state_dict() if run.decentralized or run.rank == 0 else None,
-        "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
-        "rng": _capture_rng(),
-    }
+    with run.paused():
+        with averaged(module, run.decentralized) if run.decentralized else contextlib.nullcontext():
+            if run.rank == 0:
+                try:
+                    _write_weights(module, staging)
+                    if processor is not None:
+                        processor.save_pretrained(str(staging))
+                except Exception as caught:
+                    error = caught
+        state = {  # All-Reduce: the weights are the model file's, the moments rank 0's (the same everywhere)
+            "model": module.state_dict() if run.decentralized else None,
+            "optimizer": run.optimizer.state_dict() if run.decentralized or run.rank == 0 else None,
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
+            "rng": _capture_rng(),
+        }
     if error is None:
         try:
             if not files.state_dir(staging).is_dir():
@@ -206,8 +210,9 @@ def load_checkpoint(
     if exact or (run.decentralized is None and meta["topology"] == files.ALLREDUCE):
         state = files.load_rank_state(final, run.rank if exact else 0)
         if run.decentralized is not None:  # each rank its own weights and moments
-            module.load_state_dict(state["model"])
-            run.optimizer.load_state_dict(state["optimizer"])
+            with run.paused():
+                module.load_state_dict(state["model"])
+                run.optimizer.load_state_dict(state["optimizer"])
         else:  # one copy of the weights and moments (rank 0's), valid on any number of ranks
             _read_weights(module, final)
             moments = (
@@ -320,7 +325,7 @@ class _Training:
     """The ranks that save or load together, and the optimizer whose state they hold."""
 
     optimizer: torch.optim.Optimizer  # the innermost optimizer (Accelerate's wrapper looked through)
-    decentralized: DecentralizedAdam | None
+    decentralized: Decentralized | None
     rank: int
     world_size: int
     device: torch.device
@@ -330,21 +335,29 @@ class _Training:
     @classmethod
     def of(cls, optimizer: Any) -> _Training:
         inner = optimizer
-        while isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
+        while not isinstance(inner, DecentralizedAdam | A2CiD2) and isinstance(
+            getattr(inner, "optimizer", None), torch.optim.Optimizer
+        ):  # A2CiD2 holds a local optimizer too: stop at it
             inner = inner.optimizer
-        if isinstance(inner, DecentralizedAdam):
+        if isinstance(inner, DecentralizedAdam | A2CiD2):
             return cls(inner, inner, inner.rank, inner.world_size, inner.device,
                        files.RunShape.of(inner, inner.world_size), inner.step_count)  # fmt: skip
         if not isinstance(inner, torch.optim.Optimizer):
             raise TypeError(
-                f"expected a torch optimizer (a decentadam.DecentralizedAdam, or the optimizer of an "
-                f"All-Reduce run), got {type(optimizer).__name__}"
+                f"expected a torch optimizer (a decentadam.DecentralizedAdam or A2CiD2, or the optimizer "
+                f"of an All-Reduce run), got {type(optimizer).__name__}"
             )
         distributed = dist.is_available() and dist.is_initialized()
         rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
         params = [p for group in inner.param_groups for p in group["params"]]
         device = params[0].device if params else torch.device("cpu")
         return cls(inner, None, rank, world_size, device, files.RunShape.of(None, world_size), None)
+
+    def paused(self) -> contextlib.AbstractContextManager[None]:
+        """A2CiD2's averagings paused (see :meth:`decentadam.A2CiD2.paused`); nothing for the others."""
+        if isinstance(self.decentralized, A2CiD2):
+            return self.decentralized.paused()
+        return contextlib.nullcontext()
 
     def statuses(self, status: int) -> list[int]:
         """Every rank's ``status`` (_OK, _FAILED, _REFUSED), by rank: a collective, so also a barrier."""

@@ -7,7 +7,8 @@
       decentadam/meta.json         format version, world size, topology, optimizer step, user extra;
                                    written last, once every rank's file is in place
       decentadam/rank-00003.pt     rank 3's own state: weights, optimizer, scheduler, scaler, RNG
-                                   (an All-Reduce run: no weights, the optimizer in rank 0's only)
+                                   (an All-Reduce run: no weights, the optimizer in rank 0's only;
+                                   A2CiD2: the optimizer entry also holds x~ - x)
 
 :func:`decentadam.checkpoint.save_checkpoint` writes such a directory atomically (staging it in a
 hidden sibling, see :func:`replace_directory`); the Hugging Face Trainer integration writes the
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 
 import decentadam
+from decentadam.a2cid2 import A2CiD2
 from decentadam.decentralized import DecentralizedAdam
 
 __all__ = [
@@ -88,14 +90,16 @@ class RunShape:
     """What must match for every rank to take its own state back: ranks, topology, node size."""
 
     world_size: int
-    topology: str  # a topology name, or ALLREDUCE
-    local_world_size: int | None  # None for ALLREDUCE
+    topology: str  # a topology name, ALLREDUCE, or "a2cid2-<graph>" for asynchronous gossip
+    local_world_size: int | None  # None for ALLREDUCE and A2CiD2
 
     @classmethod
-    def of(cls, optimizer: DecentralizedAdam | None, world_size: int) -> RunShape:
+    def of(cls, optimizer: DecentralizedAdam | A2CiD2 | None, world_size: int) -> RunShape:
         """The shape of a decentralized run, or of an All-Reduce run of ``world_size`` ranks."""
         if optimizer is None:
             return cls(world_size, ALLREDUCE, None)
+        if isinstance(optimizer, A2CiD2):
+            return cls(optimizer.world_size, optimizer.run_name, None)
         return cls(optimizer.world_size, optimizer.topology.name, optimizer.topology.local_world_size)
 
 

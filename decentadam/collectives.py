@@ -50,6 +50,8 @@ __all__ = [
     "Handle",
     "ProcessGroupCommunicator",
     "SingleProcessCommunicator",
+    "WorldCollectives",
+    "WorldCommunicator",
     "default_communicator",
     "node_layout",
 ]
@@ -69,15 +71,11 @@ class Handle(Protocol):
         ...
 
 
-class Communicator(Protocol):
-    """Collectives the decentralized optimizer needs, over topology rank numbers."""
+class WorldCollectives(Protocol):
+    """Collectives over every rank: the consensus model, metrics and checkpoints need only these."""
 
     rank: int
     world_size: int
-
-    def group_sum(self, tensor: Tensor, group: Group) -> Handle:
-        """Start summing ``tensor`` in place over ``group`` (which contains ``rank``); async."""
-        ...
 
     def world_sum(self, tensor: Tensor) -> None:
         """Sum ``tensor`` in place over every rank; returns when done."""
@@ -85,6 +83,14 @@ class Communicator(Protocol):
 
     def broadcast(self, tensor: Tensor, src: int = 0) -> None:
         """Overwrite ``tensor`` on every rank with rank ``src``'s; returns when done."""
+        ...
+
+
+class Communicator(WorldCollectives, Protocol):
+    """Collectives the decentralized optimizer needs, over topology rank numbers."""
+
+    def group_sum(self, tensor: Tensor, group: Group) -> Handle:
+        """Start summing ``tensor`` in place over ``group`` (which contains ``rank``); async."""
         ...
 
 
@@ -123,6 +129,23 @@ class SingleProcessCommunicator:
 
     def close(self) -> None:
         return None
+
+
+class WorldCommunicator:
+    """:class:`WorldCollectives` on one process group, nothing else (asynchronous gossip exchanges
+    by its own means, see :mod:`decentadam.a2cid2`). Rank ``i`` is rank ``i`` of ``process_group``."""
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
+        self.process_group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+
+    def world_sum(self, tensor: Tensor) -> None:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.process_group)
+
+    def broadcast(self, tensor: Tensor, src: int = 0) -> None:
+        global_src = src if self.process_group is None else dist.get_global_rank(self.process_group, src)
+        dist.broadcast(tensor, src=global_src, group=self.process_group)
 
 
 @dataclass(frozen=True)

@@ -8,29 +8,34 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from decentadam.a2cid2 import A2CiD2
 from decentadam.decentralized import CommStats, DecentralizedAdam
 
-__all__ = ["MetricsHook", "averaged", "metrics", "register_metrics_hook", "unwrap_optimizer"]
+__all__ = ["Decentralized", "MetricsHook", "averaged", "metrics", "register_metrics_hook", "unwrap_optimizer"]
+
+Decentralized: TypeAlias = DecentralizedAdam | A2CiD2
+"""The optimizers of decentralized training: synchronous gossip, or asynchronous (A2CiD2)."""
 
 logger = logging.getLogger(__name__)
 
 
-def unwrap_optimizer(optimizer: Any) -> DecentralizedAdam:
-    """The :class:`DecentralizedAdam` inside ``optimizer`` (as Accelerate's ``AcceleratedOptimizer``)."""
+def unwrap_optimizer(optimizer: Any) -> Decentralized:
+    """The :class:`DecentralizedAdam` or :class:`A2CiD2` inside ``optimizer`` (as Accelerate's
+    ``AcceleratedOptimizer``)."""
     inner = optimizer
     for _ in range(4):  # AcceleratedOptimizer -> (DeepSpeed-style wrappers) -> the optimizer
-        if isinstance(inner, DecentralizedAdam):
+        if isinstance(inner, DecentralizedAdam | A2CiD2):
             return inner
         inner = getattr(inner, "optimizer", None)
     raise TypeError(
-        f"expected a decentadam.DecentralizedAdam (or an Accelerate wrapper of one), got "
-        f"{type(optimizer).__name__}"
+        f"expected a decentadam.DecentralizedAdam or decentadam.A2CiD2 (or an Accelerate wrapper of one), "
+        f"got {type(optimizer).__name__}"
     )
 
 
@@ -54,9 +59,7 @@ def averaged(model: nn.Module, optimizer: Any, *, restore: bool = True) -> Itera
         params.restore()
 
 
-def _average_buffers(
-    model: nn.Module, opt: DecentralizedAdam, keep_local: bool
-) -> list[tuple[Tensor, Tensor]]:
+def _average_buffers(model: nn.Module, opt: Decentralized, keep_local: bool) -> list[tuple[Tensor, Tensor]]:
     """Average floating-point buffers over ranks in place; return (buffer, local copy) pairs.
 
     Integer buffers (``num_batches_tracked``) advance in lockstep on every rank and are left alone.

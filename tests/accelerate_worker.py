@@ -18,7 +18,8 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, TensorDataset
 
-from decentadam import DecentralizedAdam
+from decentadam import A2CiD2, DecentralizedAdam
+from decentadam import checkpoint_files as files
 from decentadam.checkpoint import load_checkpoint, save_checkpoint
 from decentadam.integrations.accelerate import log_metrics_every, prepare
 
@@ -242,6 +243,56 @@ def bf16(out: dict[str, Any]) -> None:
     )
 
 
+def a2cid2(out: dict[str, Any], directory: Path) -> None:
+    """A2CiD2 through prepare: accumulation, scheduler, a local fp16 scaler, metrics, checkpoints."""
+    tracker = ListTracker()
+    accelerator = Accelerator(gradient_accumulation_steps=ACCUM, log_with=[tracker])
+    accelerator.init_trackers("test")
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)  # what fp16 would install
+
+    def build() -> tuple[nn.Module, A2CiD2]:
+        model = make_model()
+        local = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+        return model, A2CiD2(local, graph="ring", schedule="deterministic", timeout=30)
+
+    model, optimizer = build()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0 / (1 + t))
+    loader = make_loader(samples=4 * 4 * ACCUM * 6)  # 6 optimizer steps per rank
+    model, optimizer, loader, scheduler = prepare(accelerator, model, optimizer, loader, scheduler)
+    log_metrics_every(accelerator, optimizer, every=3)
+    for inputs, targets in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(nn.functional.mse_loss(model(inputs), targets))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+    inner = optimizer.optimizer
+    save_checkpoint(directory / "a2cid2", model, optimizer, scheduler=scheduler, extra={"steps": 6})
+    rank = accelerator.process_index
+    saved = files.load_rank_state(directory / "a2cid2", rank)
+
+    fresh_model, fresh = build()
+    fresh_model, fresh = prepare(accelerator, fresh_model, fresh)
+    load_checkpoint(directory / "a2cid2", fresh_model, fresh)
+    reloaded = fresh.optimizer
+    out.update(
+        wrapped_by_ddp=isinstance(model, torch.nn.parallel.DistributedDataParallel),
+        scaler_type=type(accelerator.scaler).__name__,
+        step_count=inner.step_count,
+        lr=scheduler.get_last_lr()[0],
+        logged=[(sorted(values), step) for values, step in tracker.logged],
+        meta=files.read_meta(directory / "a2cid2"),
+        saved_weights=torch.cat([t.reshape(-1) for t in saved["model"].values()]),
+        reloaded_weights=flat_weights(fresh_model),
+        saved_offsets=saved["optimizer"]["a2cid2"]["x_tilde_minus_x"],
+        reloaded_offsets=reloaded.state_dict()["a2cid2"]["x_tilde_minus_x"],
+        reloaded_step_count=reloaded.step_count,
+    )
+    inner.close()  # every rank leaves with the exact average
+    out["final_weights"] = flat_weights(model)
+    reloaded.close()
+
+
 def main() -> None:
     directory, scenarios = Path(sys.argv[1]), sys.argv[2].split(",")
     results: dict[str, Any] = {}
@@ -249,6 +300,9 @@ def main() -> None:
         results[name] = {}
         if name == "fp16_resume":
             fp16_resume(results[name], directory)
+            continue
+        if name == "a2cid2":
+            a2cid2(results[name], directory)
             continue
         {"loop": loop, "fp16": fp16_skip, "bf16": bf16, "backward": backward_refusals}[name](results[name])
     rank = torch.distributed.get_rank()

@@ -137,3 +137,28 @@ def test_bf16_autocast(tmp_path: Path) -> None:
         assert result["param_dtypes"] == ["torch.float32"]
         assert result["step_count"] == 3
         assert all(torch.isfinite(torch.tensor(result["losses"])))
+
+
+def test_a2cid2_trains_without_ddp_and_checkpoints_each_rank(tmp_path: Path) -> None:
+    runs = [r["a2cid2"] for r in launch(tmp_path, "a2cid2", "--mixed_precision", "no")]
+    for result in runs:
+        assert not result["wrapped_by_ddp"]
+        assert result["scaler_type"] == "GradScaler"  # skips stay local: nothing runs in lockstep
+        assert result["step_count"] == 6
+        assert result["lr"] == pytest.approx(1e-2 / (1 + WORLD * 6))  # Accelerate steps it per process
+        meta = result["meta"]
+        assert (meta["topology"], meta["world_size"], meta["local_world_size"]) == (
+            "a2cid2-ring",
+            WORLD,
+            None,
+        )
+        # each rank takes back its own x and x~ - x
+        torch.testing.assert_close(result["reloaded_weights"], result["saved_weights"], rtol=0, atol=0)
+        for saved, reloaded in zip(result["saved_offsets"], result["reloaded_offsets"], strict=True):
+            torch.testing.assert_close(reloaded, saved, rtol=0, atol=0)
+        assert result["reloaded_step_count"] == 6
+        torch.testing.assert_close(result["final_weights"], runs[0]["final_weights"], rtol=0, atol=0)
+    assert any(not torch.equal(r["saved_weights"], runs[0]["saved_weights"]) for r in runs[1:])
+    logged = runs[0]["logged"]  # accelerator.log writes on the main process only
+    assert [step for _, step in logged] == [3, 6]
+    assert "decentadam/consensus_distance_rel" in logged[0][0]

@@ -201,6 +201,7 @@ def test_every_preset_loads_and_passes_the_checks() -> None:
         "resnet50-imagenet-allreduce",
         "mnist-resnet-small-accumadam",
         "mnist-resnet-small-allreduce",
+        "mnist-resnet-small-a2cid2",
     } <= set(config.presets())
     for name in config.presets():
         check(config.load(name, ["data=DIR"]))
@@ -209,6 +210,12 @@ def test_every_preset_loads_and_passes_the_checks() -> None:
     assert (paper.train.global_batch, paper.train.epochs, paper.optim.topology) == (1024, 90.0, "aer")
     baseline = config.load("resnet50-imagenet-allreduce")
     assert (baseline.optim.algorithm, baseline.optim.lr, baseline.optim.lr_batch) == ("sgd", 0.1, 256)
+    asynchronous = config.load("mnist-resnet-small-a2cid2")
+    assert (asynchronous.optim.optimizer, asynchronous.optim.algorithm, asynchronous.optim.momentum) == (
+        "a2cid2",
+        "sgd",
+        0.9,
+    )
 
 
 def test_overrides_dump_and_errors(tmp_path: Path) -> None:

@@ -125,3 +125,17 @@ def test_allreduce_baseline_checkpoints_and_refuses_a_second_start(digits: Path,
     assert 0.0 <= metrics(run)[-1]["top1"] <= 1.0
     again = train(*common, "train.max_steps=3")
     assert again.returncode != 0 and "already holds checkpoints (step-3): pass --resume" in again.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a2cid2_run_trains_asynchronously_and_checkpoints_the_consensus(digits: Path, tmp_path: Path) -> None:
+    run = tmp_path / "a2cid2"
+    common = ["--preset", "mnist-resnet-small-a2cid2", f"data={digits}", "--output-dir", str(run)]
+    output = succeeded(train(*common, "train.max_steps=4"))
+    assert "a2cid2 (sgd, peak lr" in output
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-3", "step-4"]
+    meta = json.loads((run / "step-4" / "decentadam" / "meta.json").read_text())
+    assert (meta["world_size"], meta["topology"]) == (4, "a2cid2-ring")
+    state = torch.load(run / "step-4" / "decentadam" / "rank-00001.pt", weights_only=False)
+    assert state["optimizer"]["a2cid2"]["graph"] == "ring"  # each rank's x~ - x is saved
+    assert 0.0 <= metrics(run)[-1]["top1"] <= 1.0

@@ -34,6 +34,9 @@ Gradient norms (``accelerator.clip_grad_norm_``) are per rank: each rank clips i
 from the prepared optimizer, so a resumed fp16 run continues from the saved scale.
 Save with :func:`decentadam.checkpoint.save_checkpoint`: ``accelerator.save_state`` writes only
 rank 0's model and optimizer, which loses the other ranks' state.
+
+:class:`decentadam.A2CiD2` (asynchronous gossip) goes through :func:`prepare` the same way, except
+that the fp16 loss scaler stays Accelerate's: each rank skips its own overflowing steps.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from torch import nn
 
 from decentadam import distributed
 from decentadam.amp import SyncedGradScaler
-from decentadam.consensus import MetricsHook, register_metrics_hook, unwrap_optimizer
+from decentadam.consensus import Decentralized, MetricsHook, register_metrics_hook, unwrap_optimizer
 from decentadam.decentralized import DecentralizedAdam
 
 __all__ = ["log_metrics_every", "prepare"]
@@ -69,8 +72,13 @@ _UNSUPPORTED = MappingProxyType(
 def prepare(accelerator: Accelerator, *objects: Any, device_placement: list[bool] | None = None) -> Any:
     """``accelerator.prepare(*objects)`` for decentralized training (see the module docstring).
 
-    ``objects`` must include the :class:`DecentralizedAdam` that trains the models. Returns the
-    prepared objects in the same order (one object alone is returned as is, like Accelerate).
+    ``objects`` must include the :class:`DecentralizedAdam` or :class:`~decentadam.A2CiD2` that
+    trains the models. Returns the prepared objects in the same order (one object alone is returned
+    as is, like Accelerate).
+
+    With :class:`~decentadam.A2CiD2` the fp16 loss scaler stays Accelerate's own: each rank skips
+    its own overflowing steps, as nothing runs in lockstep (a synced scaler would add a collective
+    per step, the wait asynchrony removes).
 
     A ``DecentralizedAdam(overlap="backward")`` updates each bucket of weights inside backward, as
     soon as its gradients are final. It is refused with gradient accumulation and with an fp16 loss
@@ -95,13 +103,19 @@ def prepare(accelerator: Accelerator, *objects: Any, device_placement: list[bool
     decentralized = [o for o in optimizers if _is_decentralized(o)]
     if not decentralized:
         raise TypeError(
-            "decentadam's prepare() needs the DecentralizedAdam among the objects: without it the models "
-            "would train with no communication at all. Pass it, or use accelerator.prepare for DDP."
+            "decentadam's prepare() needs the DecentralizedAdam (or A2CiD2) among the objects: without "
+            "it the models would train with no communication at all. Pass it, or use accelerator.prepare "
+            "for DDP."
         )
     for optimizer in decentralized:
         _check_optimizer(accelerator, unwrap_optimizer(optimizer), objects, placements)
 
-    if accelerator.scaler is not None and not isinstance(accelerator.scaler, SyncedGradScaler):
+    synchronous = any(isinstance(unwrap_optimizer(o), DecentralizedAdam) for o in decentralized)
+    if (
+        synchronous
+        and accelerator.scaler is not None
+        and not isinstance(accelerator.scaler, SyncedGradScaler)
+    ):
         accelerator.scaler = SyncedGradScaler.replacing(accelerator.scaler)
 
     prepared: list[Any] = list(objects)
@@ -142,15 +156,33 @@ def _is_decentralized(optimizer: Any) -> bool:
 
 def _check_optimizer(
     accelerator: Accelerator,
-    optimizer: DecentralizedAdam,
+    optimizer: Decentralized,
     objects: tuple[Any, ...],
     placements: list[bool | None],
 ) -> None:
+    name = type(optimizer).__name__
     if optimizer.world_size != accelerator.num_processes:
         raise ValueError(
-            f"the DecentralizedAdam spans {optimizer.world_size} ranks but Accelerate runs "
+            f"the {name} spans {optimizer.world_size} ranks but Accelerate runs "
             f"{accelerator.num_processes} processes; build the Accelerator before the optimizer"
         )
+    if isinstance(optimizer, DecentralizedAdam):
+        _check_backward_overlap(accelerator, optimizer)
+    devices = {_canonical(p.device) for group in optimizer.param_groups for p in group["params"]}
+    model_moves = any(
+        isinstance(o, nn.Module) and p is not False for o, p in zip(objects, placements, strict=True)
+    )
+    wanted = accelerator.device
+    if model_moves and accelerator.device_placement and devices != {_canonical(wanted)}:
+        raise ValueError(
+            f"the {name} was built on parameters on {sorted(map(str, devices))}, but "
+            f"Accelerate places the model on {wanted}: its communication buffers would stay behind. "
+            "Move the model first, then build the optimizer: model.to(accelerator.device); "
+            f"optimizer = {name}(...model.parameters()...)"
+        )
+
+
+def _check_backward_overlap(accelerator: Accelerator, optimizer: DecentralizedAdam) -> None:
     if optimizer.overlap == "backward" and accelerator.gradient_accumulation_steps > 1:
         raise ValueError(
             "DecentralizedAdam(overlap='backward') updates each bucket during backward, so it cannot "
@@ -162,18 +194,6 @@ def _check_optimizer(
             "DecentralizedAdam(overlap='backward') updates the weights during backward with the loss-scaled "
             "gradients, before the fp16 loss scaler can unscale them or skip an overflowing step. Use "
             "overlap='step' with mixed_precision='fp16', or train in bf16."
-        )
-    devices = {_canonical(p.device) for group in optimizer.param_groups for p in group["params"]}
-    model_moves = any(
-        isinstance(o, nn.Module) and p is not False for o, p in zip(objects, placements, strict=True)
-    )
-    wanted = accelerator.device
-    if model_moves and accelerator.device_placement and devices != {_canonical(wanted)}:
-        raise ValueError(
-            f"the DecentralizedAdam was built on parameters on {sorted(map(str, devices))}, but "
-            f"Accelerate places the model on {wanted}: its communication buffers would stay behind. "
-            "Move the model first, then build the optimizer: model.to(accelerator.device); "
-            "optimizer = DecentralizedAdam(model.parameters(), ...)"
         )
 
 

@@ -106,7 +106,7 @@ class DecentralizedTrainer(Trainer):
         """overlap="backward" updates each bucket inside backward: nothing may act on the gradients later."""
         overlap = self.decentralized.overlap
         if self.optimizer is not None:
-            overlap = unwrap_optimizer(self.optimizer).overlap
+            overlap = _decentralized_adam(self.optimizer).overlap
         if overlap != "backward":
             return
         if self.args.gradient_accumulation_steps > 1:
@@ -137,7 +137,7 @@ class DecentralizedTrainer(Trainer):
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         if self.optimizer is not None:
-            unwrap_optimizer(self.optimizer)  # a user-supplied optimizer must be a DecentralizedAdam
+            _decentralized_adam(self.optimizer)  # a user-supplied optimizer must be a DecentralizedAdam
             return self.optimizer
         model = model if model is not None else self.model
         if model is None:
@@ -174,7 +174,7 @@ class DecentralizedTrainer(Trainer):
         return model
 
     def _decentralized(self) -> DecentralizedAdam | None:
-        return unwrap_optimizer(self.optimizer) if self.optimizer is not None else None
+        return _decentralized_adam(self.optimizer) if self.optimizer is not None else None
 
     def _module(self) -> nn.Module:
         if self.model is None:
@@ -316,3 +316,13 @@ def _is_complete(path: Path) -> bool:
         return False
     # Trainer names its RNG file rng_state.pth in one process
     return world_size == 1 or all((path / f"rng_state_{r}.pth").is_file() for r in range(world_size))
+
+
+def _decentralized_adam(optimizer: Any) -> DecentralizedAdam:
+    inner = unwrap_optimizer(optimizer)
+    if not isinstance(inner, DecentralizedAdam):
+        raise TypeError(
+            "DecentralizedTrainer trains with DecentralizedAdam (synchronous gossip); train A2CiD2 with "
+            "the Accelerate integration (decentadam.integrations.accelerate.prepare) or a plain loop"
+        )
+    return inner

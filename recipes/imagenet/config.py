@@ -67,11 +67,12 @@ class ModelConfig:
 @dataclass
 class OptimConfig:
     optimizer: str = "decentralized"
-    """``allreduce`` (Accelerate's usual DDP prepare, all ranks hold one model) or ``decentralized``
-    (DecentralizedAdam: each rank its own copy, averaged with neighbours)."""
+    """``allreduce`` (Accelerate's usual DDP prepare, all ranks hold one model), ``decentralized``
+    (DecentralizedAdam: each rank its own copy, averaged with neighbours in lockstep) or ``a2cid2``
+    (asynchronous: averagings with graph neighbours at random times, no rank waits for another)."""
     algorithm: str = "adamw"
-    """Local update: ``adamw`` (AccumAdamW when decentralized, torch AdamW under All-Reduce) or ``sgd``
-    (momentum SGD, All-Reduce only)."""
+    """Local update: ``adamw`` (AccumAdamW when decentralized or a2cid2, torch AdamW under All-Reduce)
+    or ``sgd`` (momentum SGD: All-Reduce or a2cid2)."""
     lr: float = 1.5e-3
     """Peak learning rate, for ``lr_batch`` images per step (see there)."""
     lr_batch: int = 0
@@ -97,6 +98,10 @@ class OptimConfig:
     local_world_size: int = 0
     """Ranks per node for ``aer`` (0 = the launcher's LOCAL_WORLD_SIZE); 2 on one machine emulates
     nodes of 2 ranks."""
+    graph: str = "ring"
+    """A2CiD2: the graph whose neighbours average together: ``ring``, ``exp`` or ``complete``."""
+    rate: float = 1.0
+    """A2CiD2: averagings per gradient step of each rank, on average."""
 
 
 @dataclass
