@@ -304,7 +304,6 @@ class A2CiD2(Optimizer):
         self._clock = _StepClock()
         self._time = 0.0  # the clock time up to which x and x~ are mixed
         self._closed = False
-        self._failed = False  # an averaging failed or a peer died: no final average
         self._error_reported = False
         self._open_average = False  # an average_parameters() whose local weights are not back yet
         self._group: dist.ProcessGroup | None = None
@@ -391,7 +390,6 @@ class A2CiD2(Optimizer):
         error = self._worker.error if self._worker is not None else None
         if error is None:
             return
-        self._failed = True
         self._error_reported = True
         raise self._explain(error) from error
 
@@ -435,7 +433,6 @@ class A2CiD2(Optimizer):
                 assert work is not None
                 work.wait(timedelta(seconds=self.timeout))
         except RuntimeError as error:
-            self._failed = True
             raise PeerFailure(
                 f"the averaging of rank {self.rank} with rank {peer} failed (waiting at most "
                 f"{self.timeout:g} s): rank {peer} probably died or stalled. Cause: {error}"
@@ -536,7 +533,6 @@ class A2CiD2(Optimizer):
         try:
             self._worker.stop()  # leave the pairing; returns once every rank has left
         except BaseException as error:
-            self._failed = True
             if self._matchmaker is not None:
                 self._matchmaker.stop()
             if self._error_reported:
