@@ -35,12 +35,10 @@ after the first ``eval_every`` steps. Extra ``key=value`` arguments go to every 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import math
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -871,33 +869,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["bleu_command"] = shlex.join(bleu_command)
         result.update(scores)
     report["elapsed_seconds"] = round(time.monotonic() - started, 1)
+    from run import machine  # benchmarks/cluster/run.py: the same machine description
+
     report["machine"] = machine()
     paths = write_report(report, settings.out_dir)
     print(summary(report))
     for path in paths:
         print(f"wrote {path}")
     return 0
-
-
-def machine() -> dict[str, str]:
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError, StopIteration):  # not Linux, or no model name: keep the above
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    return {
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "load": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
-    }
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ calibration numbers and the configured C and S: nothing is fitted to the configu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import logging
@@ -575,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         calibration | calibration_inputs,
         outcomes,
         elapsed,
-        _machine(),
+        machine(),
         spec_summary=asdict(spec),
         alone=alone,
     )
@@ -584,17 +585,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _machine() -> dict[str, str]:
+def machine() -> dict[str, str]:
     import torch
 
     cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    with contextlib.suppress(OSError, StopIteration):  # not Linux, or no model name: keep the above
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     return {
         "cpu": cpu,
         "cores": str(os.cpu_count()),
