@@ -253,6 +253,9 @@ def killed_worker(rank: int, world_size: int, victim: int) -> dict[str, Any]:
         optimizer.close()  # after a reported failure: no final average, no hang, no second error
     except Exception as error:  # pragma: no cover - reported to the test
         return {"message": message, "close_error": repr(error)}
+    # Stay up until the other survivors have seen the failure too: a survivor that exits ends the
+    # exchanges still running with it, and their error would then (rightly) name it instead.
+    time.sleep(2.0)
     return {"message": message, "close_error": None, "steps": step, "failed_at": failed_at}
 
 
