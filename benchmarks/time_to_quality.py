@@ -27,6 +27,8 @@ the complete graph, and reports how long each takes to reach All-Reduce's final 
    (``recipes/translation/compare.py``'s ``bleu``).
 6. ``benchmarks/results/time_to_quality.{md,json,png}``.
 
+``--render benchmarks/results/time_to_quality.json`` writes the report again from a run's JSON.
+
 Time is the recipe's training time (``train_seconds`` in ``metrics.jsonl``: evaluation, logging
 and checkpoints excluded); ms per iteration is measured between the first and the last evaluation,
 after the first ``eval_every`` steps. Extra ``key=value`` arguments go to every training.
@@ -172,18 +174,48 @@ def steady_ms_per_iter(points: Sequence[dict[str, float]]) -> float | None:
     return 1e3 * (last["train_seconds"] - first["train_seconds"]) / (last["step"] - first["step"])
 
 
-def time_to_reach(points: Sequence[dict[str, float]], target: float) -> float | None:
-    """Training seconds at which the validation loss first reaches ``target``, linearly interpolated
-    between evaluations; the first evaluation's time if it is already there; None if never."""
+def time_to_reach(
+    points: Sequence[dict[str, float]], target: float, key: str = "train_seconds"
+) -> float | None:
+    """Training seconds (or another ``key`` of the points, e.g. ``step``) at which the validation loss
+    first reaches ``target``, linearly interpolated between evaluations; the first evaluation's value
+    if it is already there; None if never."""
     previous: dict[str, float] | None = None
     for point in points:
         if point["valid_nll"] <= target:
             if previous is None:
-                return point["train_seconds"]
+                return point[key]
             fraction = (previous["valid_nll"] - target) / (previous["valid_nll"] - point["valid_nll"])
-            return previous["train_seconds"] + fraction * (point["train_seconds"] - previous["train_seconds"])
+            return previous[key] + fraction * (point[key] - previous[key])
         previous = point
     return None
+
+
+def levels(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Time and steps each method takes to reach each of All-Reduce's evaluated validation losses.
+
+    A method's time ratio to All-Reduce at a level is its steps ratio (how many more optimizer steps
+    it needs for that loss) times its time-per-step ratio (what the network costs it), which is how
+    the report separates the optimizer's part from the network's. Empty without an All-Reduce run.
+    """
+    baseline = runs.get(BASELINE)
+    if baseline is None:
+        return []
+    rows = []
+    for point in baseline["curve"]:
+        target = point["valid_nll"]
+        row: dict[str, Any] = {"step": point["step"], "valid_nll": target, "methods": {}}
+        for name, run in runs.items():
+            seconds = time_to_reach(run["curve"], target)
+            steps = time_to_reach(run["curve"], target, key="step")
+            row["methods"][name] = {
+                "seconds": seconds,
+                "steps": steps,
+                "time_ratio": _ratio(seconds, point["train_seconds"]),
+                "steps_ratio": _ratio(steps, point["step"]),
+            }
+        rows.append(row)
+    return rows
 
 
 def analyse(report: dict[str, Any]) -> dict[str, Any]:
@@ -210,6 +242,7 @@ def analyse(report: dict[str, Any]) -> dict[str, Any]:
                 if predicted and base_predicted
                 else None
             )
+    report["levels"] = levels(runs)
     report["goals"] = _goals(runs)
     return report
 
@@ -363,7 +396,9 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else 'no'} |" for g in report["goals"]
         ]
-        lines += ["", *_model_notes(runs, compute_ms), ""]
+        lines += ["", *_model_notes(runs, compute_ms), *_miss_notes(report, compute_ms), ""]
+    if report.get("levels"):
+        lines += _levels_table(report)
     lines += ["## Validation loss at each evaluation", ""]
     lines += _curve_table(runs)
     lines += ["", "Plot: `time_to_quality.png`; every number above: `time_to_quality.json`.", ""]
@@ -386,6 +421,71 @@ def _model_notes(runs: dict[str, dict[str, Any]], compute_ms: float) -> list[str
             f"turns {predicted['serial_ms']:.0f} ms."
         )
     return notes
+
+
+def _miss_notes(report: dict[str, Any], compute_ms: float) -> list[str]:
+    """When AER does not reach the target: how far it got, and the two factors of its time ratio at
+    the last of All-Reduce's losses it did reach (steps, which the optimizer sets; time per step,
+    which the network sets)."""
+    runs = report["runs"]
+    aer, base = runs.get("aer"), runs.get(BASELINE)
+    if aer is None or base is None or aer.get("time_to_target_s") is not None or not aer["curve"]:
+        return []
+    notes = [
+        f"- AccumAdam-AER did not reach All-Reduce's final validation loss "
+        f"({report['target_valid_nll']:.3f}) in {report['steps']} steps: it ended at "
+        f"{aer['final_valid_nll']:.3f}. Its iteration took {_fmt(aer.get('iter_ratio'), '.2f')} x "
+        f"All-Reduce's (the model: All-Reduce bound by {dominant_term(base, compute_ms)}, AER by "
+        f"{dominant_term(aer, compute_ms)})"
+        + (
+            "; what it lacks is progress per optimizer step, not network time."
+            if (aer.get("iter_ratio") or math.inf) < 1
+            else "; it was not faster per iteration either."
+        )
+    ]
+    reached = [row for row in report.get("levels", []) if row["methods"]["aer"]["seconds"] is not None]
+    if reached:
+        last = reached[-1]
+        m = last["methods"]["aer"]
+        notes.append(
+            f"- The last of All-Reduce's evaluated losses AER reached: {last['valid_nll']:.3f} (its step "
+            f"{last['step']:.0f}), after {m['steps']:.0f} steps = {m['steps_ratio']:.2f} x as many, "
+            f"in {m['time_ratio']:.2f} x the time = {m['steps_ratio']:.2f} (steps) x "
+            f"{m['time_ratio'] / m['steps_ratio']:.2f} (time per step)."
+        )
+    return notes
+
+
+def _levels_table(report: dict[str, Any]) -> list[str]:
+    """Time (and steps) each method takes to reach each of All-Reduce's evaluated losses."""
+    names = [n for n in report["runs"] if n != BASELINE]
+    label = {n: METHODS[n].label if n in METHODS else n for n in names}
+    lines = [
+        "## Time to each of All-Reduce's validation losses",
+        "",
+        "Each row is one of All-Reduce's evaluations; a method's time to that loss is interpolated "
+        "between its own evaluations. vs All-Reduce = steps ratio x time-per-step ratio: the first "
+        "factor is the optimizer's (how many more steps it needs for that loss), the second the "
+        "network's.",
+        "",
+        "| All-Reduce step | valid NLL | All-Reduce s | "
+        + " | ".join(f"{label[n]} s (steps) | vs All-Reduce" for n in names)
+        + " |",
+        "|---:|---:|---:|" + "---:|---:|" * len(names),
+    ]
+    base = report["runs"][BASELINE]["curve"]
+    for row, point in zip(report["levels"], base, strict=True):
+        cells = [f"{row['step']:.0f}", f"{row['valid_nll']:.3f}", f"{point['train_seconds']:.0f}"]
+        for name in names:
+            m = row["methods"][name]
+            if m["seconds"] is None:
+                cells += ["not reached", "-"]
+                continue
+            cells.append(f"{m['seconds']:.0f} ({m['steps']:.0f})")
+            per_step = m["time_ratio"] / m["steps_ratio"] if m["steps_ratio"] else None
+            cells.append(f"{m['time_ratio']:.2f} = {m['steps_ratio']:.2f} x {_fmt(per_step, '.2f')}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -720,6 +820,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     parser.add_argument("--bleu-arg", action="append", default=[], help="passed to eval/bleu.py (repeatable)")
     parser.add_argument("--timeout-min", type=float, help="per training (default: 10 min + 20 s per step)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every method")
+    parser.epilog = (
+        "time_to_quality.py --render JSON [--out-dir DIR] writes a run's report again from its JSON."
+    )
     args = parser.parse_args(argv)
 
     if args.steps < 1:
@@ -772,9 +875,29 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     )
 
 
+def render(argv: Sequence[str]) -> int:
+    """``--render JSON [--out-dir DIR]``: write the report again from a run's JSON (numbers unchanged;
+    the text and the plot as the current code writes them)."""
+    parser = argparse.ArgumentParser(prog="time_to_quality.py --render")
+    parser.add_argument("json", type=Path, help="a run's time_to_quality.json")
+    parser.add_argument("--out-dir", type=Path, help="report directory (default: the JSON's)")
+    args = parser.parse_args(argv)
+    try:
+        report = json.loads(args.json.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        parser.error(f"{args.json}: cannot read the run's JSON ({error})")
+    if not isinstance(report, dict) or not isinstance(report.get("runs"), dict):
+        parser.error(f"{args.json}: not a time_to_quality.json (no 'runs')")
+    for path in write_report(report, args.out_dir or args.json.parent):
+        print(f"wrote {path}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["--render"]:
+        return render(arguments[1:])
     settings = parse_args(arguments)
     reason = missing_requirements()
     if reason is not None:

@@ -138,6 +138,17 @@ def test_report_from_made_up_runs(tmp_path: Path) -> None:
     )
     assert "| 20 | 4.000 (40) | 3.500 (20) | 4.500 (22) |" in md  # the curves, step by step
 
+    # time to each of All-Reduce's losses: AER reaches 5.0 a quarter of the way from step 10 to 20
+    first = report["levels"][0]
+    assert (first["step"], first["valid_nll"]) == (10, 5.0)
+    aer = first["methods"]["aer"]
+    assert (aer["seconds"], aer["steps"]) == pytest.approx((12.5, 12.5))
+    assert (aer["time_ratio"], aer["steps_ratio"]) == pytest.approx((12.5 / 20, 1.25))
+    assert report["levels"][1]["methods"]["complete"]["steps"] == pytest.approx(20 + 10 * 0.5 / 1.3)
+    assert report["levels"][2]["methods"]["complete"]["seconds"] is None
+    assert "| 10 | 5.000 | 20 | 12 (12) | 0.62 = 1.25 x 0.50 |" in md
+    assert "did not reach" not in md
+
 
 def test_goals_say_when_aer_misses() -> None:
     report = made_up_report()
@@ -146,7 +157,19 @@ def test_goals_say_when_aer_misses() -> None:
     ttq.analyse(report)
     assert [g["met"] for g in report["goals"]] == [False, False, True]
     assert report["goals"][0]["measured"] == "not reached"
-    assert "time to target s" in ttq.markdown(report)
+    md = ttq.markdown(report)
+    assert "time to target s" in md
+    # why: how far AER got, and its last level split into steps x time per step
+    assert (
+        "- AccumAdam-AER did not reach All-Reduce's final validation loss (3.000) in 30 steps: it ended "
+        "at 3.100. Its iteration took 0.50 x All-Reduce's" in md
+    )
+    assert "what it lacks is progress per optimizer step, not network time." in md
+    assert (
+        "- The last of All-Reduce's evaluated losses AER reached: 4.000 (its step 20), after 24 steps "
+        "= 1.18 x as many, in 0.59 x the time = 1.18 (steps) x 0.50 (time per step)." in md
+    )
+    assert "| 30 | 3.000 | 60 | not reached | - |" in md
     lines = ttq.summary(report).splitlines()
     assert lines[0].startswith(
         "All-Reduce (DDP + AdamW)   2000 ms/iter (predicted 2200), time to target 60 s"
@@ -154,6 +177,26 @@ def test_goals_say_when_aer_misses() -> None:
     assert (
         "AccumAdam-AER" in lines[1] and "time to target not reached, valid nll 3.100, BLEU 29.00" in lines[1]
     )
+
+
+def test_render_writes_the_report_again_from_the_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = tmp_path / "first"
+    ttq.write_report(made_up_report(), first)
+    again = tmp_path / "again"
+    assert ttq.main(["--render", str(first / "time_to_quality.json"), "--out-dir", str(again)]) == 0
+    assert (again / "time_to_quality.md").read_text() == (first / "time_to_quality.md").read_text()
+    assert (again / "time_to_quality.png").stat().st_size > 0
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"runs": ')
+    with pytest.raises(SystemExit):
+        ttq.main(["--render", str(broken)])
+    assert "cannot read the run's JSON" in capsys.readouterr().err
+    broken.write_text("[]")
+    with pytest.raises(SystemExit):
+        ttq.main(["--render", str(broken)])
+    assert "not a time_to_quality.json" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------ arguments
