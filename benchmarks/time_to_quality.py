@@ -46,11 +46,11 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks" / "cluster"))
@@ -330,6 +330,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Machine: {report['machine'].get('cpu', '?')}, {report['machine'].get('cores', '?')} cores, "
         f"torch {report['machine'].get('torch', '?')}, {report['machine'].get('date', '?')}.",
         "",
+        *_baseline_note(report),
         "## Inputs, measured before the runs",
         "",
         "| input | value |",
@@ -423,6 +424,19 @@ def _model_notes(runs: dict[str, dict[str, Any]], compute_ms: float) -> list[str
     return notes
 
 
+def _baseline_note(report: dict[str, Any]) -> list[str]:
+    """Where All-Reduce's run came from when it was not trained in this run (``--baseline``)."""
+    base = report["runs"].get(BASELINE) or {}
+    if not base.get("from"):
+        return []
+    return [
+        f"All-Reduce was not trained in this run: its run ({base['steps']} steps, same preset, overrides "
+        f"and link rate) is the one in `{base['from']}`, made by `{base['command']}`; its time is "
+        "compared with this run's.",
+        "",
+    ]
+
+
 def _miss_notes(report: dict[str, Any], compute_ms: float) -> list[str]:
     """When AER does not reach the target: how far it got, and the two factors of its time ratio at
     the last of All-Reduce's losses it did reach (steps, which the optimizer sets; time per step,
@@ -433,7 +447,7 @@ def _miss_notes(report: dict[str, Any], compute_ms: float) -> list[str]:
         return []
     notes = [
         f"- AccumAdam-AER did not reach All-Reduce's final validation loss "
-        f"({report['target_valid_nll']:.3f}) in {report['steps']} steps: it ended at "
+        f"({report['target_valid_nll']:.3f}) in {aer.get('steps', report['steps'])} steps: it ended at "
         f"{aer['final_valid_nll']:.3f}. Its iteration took {_fmt(aer.get('iter_ratio'), '.2f')} x "
         f"All-Reduce's (the model: All-Reduce bound by {dominant_term(base, compute_ms)}, AER by "
         f"{dominant_term(aer, compute_ms)})"
@@ -709,6 +723,7 @@ def train(
     sent = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))  # node -> switch, every node
     return {
         "label": method.label,
+        "steps": settings.steps,
         "train_command": shlex.join(argv),
         "wall_seconds": round(wall, 1),
         "link_mb_per_rank_iter": sent / (world * settings.steps) / 1e6,
@@ -759,6 +774,8 @@ class Settings:
     prefix: str = "dcq"
     bleu_args: tuple[str, ...] = ()
     timeout_s: float = 3600.0
+    baseline: Path | None = None
+    """An earlier report's JSON whose All-Reduce run is the baseline (not trained again)."""
 
     def recipe_overrides(self) -> list[str]:
         """Overrides for every process that reads the recipe's config: the data, then the user's."""
@@ -797,8 +814,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     )
     parser.add_argument(
         "--methods",
-        default=",".join(METHODS),
-        help=f"comma-separated, of {', '.join(METHODS)} (default: all; the report compares to allreduce)",
+        help=f"comma-separated, of {', '.join(METHODS)} (default: all, or all but allreduce with "
+        "--baseline; the report compares to allreduce)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="an earlier run's time_to_quality.json: compare to its All-Reduce run instead of training "
+        "one (same preset and overrides; its link rate unless --link-mbit), e.g. to train AER for "
+        "as long as All-Reduce took",
     )
     parser.add_argument("--preset", default="multi30k-en-de", help="translation preset (2 x 2 ranks)")
     parser.add_argument("--link-mbit", type=float, help="node link rate instead of the solved one")
@@ -830,10 +854,18 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     eval_every = args.eval_every if args.eval_every is not None else max(1, args.steps // 10)
     if eval_every < 1:
         parser.error(f"--eval-every must be at least 1, got {eval_every}")
+    if args.methods is None:
+        args.methods = ",".join(m for m in METHODS if args.baseline is None or m != BASELINE)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     unknown = [m for m in methods if m not in METHODS]
     if not methods or unknown or len(set(methods)) != len(methods):
         parser.error(f"--methods {args.methods!r}: expected distinct names of {', '.join(METHODS)}")
+    if args.baseline is not None:
+        if BASELINE in methods:
+            parser.error(f"--baseline gives the {BASELINE} run: leave {BASELINE} out of --methods")
+        base = load_baseline(args.baseline, args.preset, tuple(args.overrides), parser.error)
+        if args.link_mbit is None:
+            args.link_mbit = base["rate_mbit"]
     if args.link_mbit is not None and not args.link_mbit > 0:
         parser.error(f"--link-mbit must be > 0, got {args.link_mbit}")
     if not args.comm_ratio > 0:
@@ -872,7 +904,38 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         prefix=args.prefix,
         bleu_args=tuple(args.bleu_arg),
         timeout_s=timeout_min * 60,
+        baseline=args.baseline,
     )
+
+
+def load_baseline(
+    path: Path, preset: str, overrides: tuple[str, ...], error: Callable[[str], NoReturn]
+) -> dict[str, Any]:
+    """The All-Reduce run of an earlier report (``--baseline``), with the report's command and link
+    rate; ``error`` (argparse's) if the file is not such a report or was made with other settings."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as reason:
+        error(f"--baseline {path}: cannot read it ({reason})")
+    run = report.get("runs", {}).get(BASELINE) if isinstance(report, dict) else None
+    if not isinstance(run, dict) or not run.get("curve"):
+        error(f"--baseline {path}: no {BASELINE} run with a validation curve in it")
+    if (report.get("preset"), tuple(report.get("overrides", ()))) != (preset, overrides):
+        error(
+            f"--baseline {path}: made with --preset {report.get('preset')} and overrides "
+            f"{' '.join(report.get('overrides', ())) or '(none)'}; give the same ones to compare"
+        )
+    return {
+        **run,
+        "from": str(path),
+        "command": report.get("command", "?"),
+        "rate_mbit": report["link"]["rate_mbit"],
+        "steps": run.get("steps", report.get("steps")),
+    }
+
+
+def _fail(message: str) -> NoReturn:
+    raise SystemExit(f"error: {message}")
 
 
 def render(argv: Sequence[str]) -> int:
@@ -922,7 +985,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         calibration["adamw_s"] * 1e3,
         calibration["decentralized_s"] * 1e3,
     )
-    if settings.link_mbit is not None:
+    baseline = (
+        load_baseline(settings.baseline, settings.preset, settings.overrides, _fail)
+        if settings.baseline is not None
+        else None
+    )
+    if (
+        baseline is not None
+        and settings.link_mbit is not None
+        and settings.link_mbit == baseline["rate_mbit"]
+    ):
+        rate, how = settings.link_mbit, f"the rate of --baseline {settings.baseline}"
+    elif settings.link_mbit is not None:
         rate, how = settings.link_mbit, "--link-mbit"
     else:
         rate = solve_rate_mbit(compute_s, param_bytes, settings.comm_ratio)
@@ -945,7 +1019,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ranks_per_node": RANKS_PER_NODE,
         "calibration": calibration,
         "link": {"rate_mbit": rate, "how": how, "allreduce_comm_s": comm, "comm_ratio": settings.comm_ratio},
-        "runs": {},
+        "runs": {} if baseline is None else {BASELINE: baseline},
     }
     spec = ClusterSpec(nodes=NODES, rate_mbit=rate, prefix=settings.prefix)
     from run import probe  # benchmarks/cluster/run.py: the TCP probes its model inputs come from
@@ -984,6 +1058,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             logger.info("%s: %s ms per step, %.0f s wall", method.label, _fmt(ms), result["wall_seconds"])
 
     for name, result in report["runs"].items():
+        if result.get("from"):
+            continue  # scored in its own run
         test = calibration["test"]  # the preset's test split and languages, as the recipe read them
         bleu_command, scores = bleu(
             settings.work_dir / name, settings.data, test["split"], test["src"], test["tgt"],

@@ -248,6 +248,42 @@ def test_settings_defaults_and_what_every_training_gets(tmp_path: Path) -> None:
     assert "optim.local_world_size=2" in settings.run_settings()
 
 
+def test_baseline_from_an_earlier_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    earlier = made_up_report()
+    earlier["runs"]["allreduce"]["steps"] = 30
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    args = ["--data", str(tmp_path), "--baseline", str(path), "optim.accum_steps=2"]
+    settings = ttq.parse_args([*args, "--steps", "60"])
+    assert settings.methods == ("aer", "complete") and settings.baseline == path
+    assert settings.link_mbit == 240.0  # the earlier run's rate
+    assert ttq.parse_args([*args, "--link-mbit", "100"]).link_mbit == 100.0
+
+    def error(extra: list[str]) -> str:
+        with pytest.raises(SystemExit):
+            ttq.parse_args([*args, *extra])
+        return capsys.readouterr().err
+
+    assert "leave allreduce out of --methods" in error(["--methods", "allreduce,aer"])
+    assert "give the same ones to compare" in error(["optim.lr=2e-3"])
+    assert "give the same ones to compare" in error(["--preset", "multi30k-en-fr"])
+    del earlier["runs"]["allreduce"]
+    path.write_text(json.dumps(earlier))
+    assert "no allreduce run with a validation curve" in error([])
+    path.write_text("{")
+    assert "cannot read it" in error([])
+
+    # the report says where All-Reduce's run came from
+    report = made_up_report()
+    report["runs"]["allreduce"].update(steps=30, **{"from": "old/time_to_quality.json", "command": "C"})
+    report["runs"]["aer"]["steps"] = 30
+    md = ttq.markdown(ttq.analyse(report))
+    assert (
+        "All-Reduce was not trained in this run: its run (30 steps, same preset, overrides and link rate) "
+        "is the one in `old/time_to_quality.json`, made by `C`" in md
+    )
+
+
 # ------------------------------------------------------------------------------------ end to end
 
 needs_netns = pytest.mark.skipif(
@@ -257,7 +293,7 @@ needs_netns = pytest.mark.skipif(
 
 
 @needs_netns
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(400)
 def test_the_command_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
     pytest.importorskip("sacrebleu", reason="eval/bleu.py needs pip install '.[recipes]'")
     sys.path.insert(0, str(ROOT / "recipes" / "translation"))
@@ -294,3 +330,26 @@ def test_the_command_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
     md = (tmp_path / "out" / "time_to_quality.md").read_text()
     assert "benchmarks/time_to_quality.py --data" in md and "| AccumAdam-AER |" in md
     assert (tmp_path / "out" / "time_to_quality.png").stat().st_size > 0
+
+    # AER for more steps against that All-Reduce run (--baseline): not trained again, same link rate
+    again = list(command)
+    again[again.index("--steps") + 1] = "6"
+    again[again.index("--work-dir") + 1] = str(tmp_path / "runs2")
+    again[again.index("--out-dir") + 1] = str(tmp_path / "out2")
+    again[again.index("--methods") + 1] = "aer"
+    again += ["--baseline", str(tmp_path / "out" / "time_to_quality.json")]
+    process = subprocess.run(again, capture_output=True, text=True, timeout=220, env=env, cwd=ROOT)
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-5000:]
+    assert "(the rate of --baseline" in process.stdout
+    longer = json.loads((tmp_path / "out2" / "time_to_quality.json").read_text())
+    assert list(longer["runs"]) == ["allreduce", "aer"]
+    assert longer["link"]["rate_mbit"] == report["link"]["rate_mbit"]
+    assert longer["runs"]["allreduce"]["from"] == str(tmp_path / "out" / "time_to_quality.json")
+    assert longer["runs"]["allreduce"]["curve"] == report["runs"]["allreduce"]["curve"]
+    aer, earlier = longer["runs"]["aer"], report["runs"]["aer"]
+    assert [p["step"] for p in aer["curve"]] == [2, 4, 6] and aer["steps"] == 6
+    # same seed and data order: the first 4 steps are the earlier run's
+    assert [p["valid_nll"] for p in aer["curve"][:2]] == pytest.approx(
+        [p["valid_nll"] for p in earlier["curve"]], rel=1e-5
+    )
+    assert "All-Reduce was not trained in this run" in (tmp_path / "out2" / "time_to_quality.md").read_text()
