@@ -170,6 +170,11 @@ def test_goals_say_when_aer_misses() -> None:
         "= 1.18 x as many, in 0.59 x the time = 1.18 (steps) x 0.50 (time per step)." in md
     )
     assert "| 30 | 3.000 | 60 | not reached | - |" in md
+    # complete follows AER (at most 0.1 apart) while All-Reduce is 0.1-0.5 below both
+    assert (
+        "- AccumAdam-complete (the exact average of all replicas every step) and AER differ by at most " in md
+    )
+    assert "0.100 in validation loss at equal steps, while All-Reduce is 0.10 to 0.50 below" in md
     lines = ttq.summary(report).splitlines()
     assert lines[0].startswith(
         "All-Reduce (DDP + AdamW)   2000 ms/iter (predicted 2200), time to target 60 s"
