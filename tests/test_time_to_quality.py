@@ -150,6 +150,32 @@ def test_report_from_made_up_runs(tmp_path: Path) -> None:
     assert "did not reach" not in md
 
 
+def test_comm_wait_from_the_runs_tensorboard_logs(tmp_path: Path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "aer" / "tb"))
+    for step, value in ((50, 400.0), (100, 500.0), (150, 600.0)):
+        writer.add_scalar("decentadam/comm_wait_ms", value, step)
+        writer.add_scalar("train/loss", 1.0, step)
+    writer.close()
+    assert ttq.comm_wait_ms(tmp_path / "aer") == pytest.approx(500.0)
+    writer = SummaryWriter(str(tmp_path / "allreduce" / "tb"))
+    writer.add_scalar("train/loss", 1.0, 50)
+    writer.close()
+    assert ttq.comm_wait_ms(tmp_path / "allreduce") is None
+    assert ttq.comm_wait_ms(tmp_path / "nowhere") is None
+
+    report = made_up_report()
+    report["runs"]["aer"]["comm_wait_ms"] = 300.0  # the model has 500 ms of exchange under C = 1000
+    report["runs"]["complete"]["comm_wait_ms"] = 50.0
+    md = ttq.markdown(ttq.analyse(report))
+    assert (
+        "Its ranks blocked 300 ms per step waiting for exchanges (decentadam/comm_wait_ms), where the "
+        "model has the exchange hidden under the next step's compute: the overlap is the term it misses" in md
+    )
+    assert "Its ranks blocked 50 ms per step waiting for exchanges (decentadam/comm_wait_ms)." in md
+
+
 def test_goals_say_when_aer_misses() -> None:
     report = made_up_report()
     report["runs"]["aer"]["curve"] = points((10, 10.0, 5.5), (20, 20.0, 4.5), (30, 30.0, 3.1))
@@ -331,6 +357,8 @@ def test_the_command_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
         assert run["link_mb_per_rank_iter"] > 0  # the ranks talked through the shaped links
         assert run["predicted"]["iteration_ms"] > 0
     assert report["runs"]["allreduce"]["time_to_target_s"] is not None
+    assert report["runs"]["allreduce"]["comm_wait_ms"] is None  # DDP: no exchanges of its own
+    assert report["runs"]["aer"]["comm_wait_ms"] >= 0
     assert report["calibration"]["param_bytes"] > 0 and report["calibration"]["compute_s"] > 0
     md = (tmp_path / "out" / "time_to_quality.md").read_text()
     assert "benchmarks/time_to_quality.py --data" in md and "| AccumAdam-AER |" in md
