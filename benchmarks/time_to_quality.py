@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO / "benchmarks" / "cluster"))
 sys.path.insert(0, str(REPO))
 sys.path.append(str(REPO / "recipes" / "translation"))  # last: its config/data/model shadow nothing
 
-from compare import bleu, curve  # noqa: E402
+from compare import bleu, curve, plot_curves  # noqa: E402
 from netns import ClusterSpec, EmulatedCluster, missing_requirements  # noqa: E402
 
 from decentadam.runtime_model import ALLREDUCE, Cluster, Prediction, Workload, predict  # noqa: E402
@@ -219,7 +219,12 @@ def levels(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for point in baseline["curve"]:
         target = point["valid_nll"]
-        row: dict[str, Any] = {"step": point["step"], "valid_nll": target, "methods": {}}
+        row: dict[str, Any] = {
+            "step": point["step"],
+            "valid_nll": target,
+            "train_seconds": point["train_seconds"],
+            "methods": {},
+        }
         for name, run in runs.items():
             seconds = time_to_reach(run["curve"], target)
             steps = time_to_reach(run["curve"], target, key="step")
@@ -541,9 +546,8 @@ def _levels_table(report: dict[str, Any]) -> list[str]:
         + " |",
         "|---:|---:|---:|" + "---:|---:|" * len(names),
     ]
-    base = report["runs"][BASELINE]["curve"]
-    for row, point in zip(report["levels"], base, strict=True):
-        cells = [f"{row['step']:.0f}", f"{row['valid_nll']:.3f}", f"{point['train_seconds']:.0f}"]
+    for row in report["levels"]:
+        cells = [f"{row['step']:.0f}", f"{row['valid_nll']:.3f}", f"{row['train_seconds']:.0f}"]
         for name in names:
             m = row["methods"][name]
             if m["seconds"] is None:
@@ -585,36 +589,16 @@ def _curve_table(runs: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (by_time, by_step) = plt.subplots(1, 2, figsize=(11, 4))
+    curves = {}
     for name, run in report["runs"].items():
-        points = run["curve"]
         label = METHODS[name].label if name in METHODS else name
         if run.get("bleu") is not None:
             label += f": BLEU {run['bleu']:.2f}"
-        by_time.plot(
-            [p["train_seconds"] / 60 for p in points], [p["valid_nll"] for p in points], "o-", label=label
-        )
-        by_step.plot([p["step"] for p in points], [p["valid_nll"] for p in points], "o-", label=label)
-    if report.get("target_valid_nll") is not None:
-        for axes in (by_time, by_step):
-            axes.axhline(report["target_valid_nll"], color="grey", linestyle="--", linewidth=1)
-    by_time.set_xlabel("training time (minutes; evaluation excluded)")
-    by_step.set_xlabel("optimizer steps")
-    for axes in (by_time, by_step):
-        axes.set_ylabel("validation loss (NLL per token)")
-        axes.grid(alpha=0.3)
-        axes.legend()
-    figure.suptitle(
+        curves[label] = run["curve"]
+    title = (
         f"{report['preset']}, {NODES} nodes x {RANKS_PER_NODE}, links {report['link']['rate_mbit']:g} Mbit/s"
     )
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    plot_curves(curves, title, path, report.get("target_valid_nll"))
 
 
 def write_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -820,6 +804,8 @@ class Settings:
     preset: str = "multi30k-en-de"
     overrides: tuple[str, ...] = ()
     link_mbit: float | None = None
+    link_how: str = "--link-mbit"
+    """Where ``link_mbit`` came from, for the report."""
     comm_ratio: float = 1.5
     calibration_warmup: int = 3
     calibration_steps: int = 12
@@ -828,8 +814,8 @@ class Settings:
     prefix: str = "dcq"
     bleu_args: tuple[str, ...] = ()
     timeout_s: float = 3600.0
-    baseline: Path | None = None
-    """An earlier report's JSON whose All-Reduce run is the baseline (not trained again)."""
+    baseline: dict[str, Any] | None = None
+    """All-Reduce's run from an earlier report (``--baseline``; its path in ``from``), not trained again."""
 
     def recipe_overrides(self) -> list[str]:
         """Overrides for every process that reads the recipe's config: the data, then the user's."""
@@ -911,15 +897,18 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     if args.methods is None:
         args.methods = ",".join(m for m in METHODS if args.baseline is None or m != BASELINE)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    link_how, baseline = "--link-mbit", None
     unknown = [m for m in methods if m not in METHODS]
     if not methods or unknown or len(set(methods)) != len(methods):
         parser.error(f"--methods {args.methods!r}: expected distinct names of {', '.join(METHODS)}")
     if args.baseline is not None:
         if BASELINE in methods:
             parser.error(f"--baseline gives the {BASELINE} run: leave {BASELINE} out of --methods")
-        base = load_baseline(args.baseline, args.preset, tuple(args.overrides), parser.error)
+        baseline, baseline_rate = load_baseline(
+            args.baseline, args.preset, tuple(args.overrides), parser.error
+        )
         if args.link_mbit is None:
-            args.link_mbit = base["rate_mbit"]
+            args.link_mbit, link_how = baseline_rate, f"the rate of --baseline {args.baseline}"
     if args.link_mbit is not None and not args.link_mbit > 0:
         parser.error(f"--link-mbit must be > 0, got {args.link_mbit}")
     if not args.comm_ratio > 0:
@@ -950,6 +939,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         preset=args.preset,
         overrides=tuple(args.overrides),
         link_mbit=args.link_mbit,
+        link_how=link_how,
         comm_ratio=args.comm_ratio,
         calibration_warmup=args.calibration_warmup,
         calibration_steps=args.calibration_steps,
@@ -958,15 +948,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         prefix=args.prefix,
         bleu_args=tuple(args.bleu_arg),
         timeout_s=timeout_min * 60,
-        baseline=args.baseline,
+        baseline=baseline,
     )
 
 
 def load_baseline(
     path: Path, preset: str, overrides: tuple[str, ...], error: Callable[[str], NoReturn]
-) -> dict[str, Any]:
-    """The All-Reduce run of an earlier report (``--baseline``), with the report's command and link
-    rate; ``error`` (argparse's) if the file is not such a report or was made with other settings."""
+) -> tuple[dict[str, Any], float]:
+    """The All-Reduce run of an earlier report (``--baseline``), marked with the file and the
+    report's command, and the report's link rate; ``error`` (argparse's) if the file is not such a
+    report or was made with other settings."""
     try:
         report = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as reason:
@@ -979,17 +970,13 @@ def load_baseline(
             f"--baseline {path}: made with --preset {report.get('preset')} and overrides "
             f"{' '.join(report.get('overrides', ())) or '(none)'}; give the same ones to compare"
         )
-    return {
+    marked = {
         **run,
         "from": str(path),
         "command": report.get("command", "?"),
-        "rate_mbit": report["link"]["rate_mbit"],
         "steps": run.get("steps", report.get("steps")),
     }
-
-
-def _fail(message: str) -> NoReturn:
-    raise SystemExit(f"error: {message}")
+    return marked, float(report["link"]["rate_mbit"])
 
 
 def render(argv: Sequence[str]) -> int:
@@ -1039,19 +1026,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         calibration["adamw_s"] * 1e3,
         calibration["decentralized_s"] * 1e3,
     )
-    baseline = (
-        load_baseline(settings.baseline, settings.preset, settings.overrides, _fail)
-        if settings.baseline is not None
-        else None
-    )
-    if (
-        baseline is not None
-        and settings.link_mbit is not None
-        and settings.link_mbit == baseline["rate_mbit"]
-    ):
-        rate, how = settings.link_mbit, f"the rate of --baseline {settings.baseline}"
-    elif settings.link_mbit is not None:
-        rate, how = settings.link_mbit, "--link-mbit"
+    baseline = settings.baseline
+    if settings.link_mbit is not None:
+        rate, how = settings.link_mbit, settings.link_how
     else:
         rate = solve_rate_mbit(compute_s, param_bytes, settings.comm_ratio)
         how = f"solved: All-Reduce communication = {settings.comm_ratio:g} x C"

@@ -287,9 +287,12 @@ def test_baseline_from_an_earlier_report(tmp_path: Path, capsys: pytest.CaptureF
     path.write_text(json.dumps(earlier))
     args = ["--data", str(tmp_path), "--baseline", str(path), "optim.accum_steps=2"]
     settings = ttq.parse_args([*args, "--steps", "60"])
-    assert settings.methods == ("aer", "complete") and settings.baseline == path
+    assert settings.methods == ("aer", "complete") and settings.baseline is not None
+    assert settings.baseline["from"] == str(path) and settings.baseline["steps"] == 30
+    assert settings.baseline["curve"] == earlier["runs"]["allreduce"]["curve"]
     assert settings.link_mbit == 240.0  # the earlier run's rate
-    assert ttq.parse_args([*args, "--link-mbit", "100"]).link_mbit == 100.0
+    assert settings.link_how == f"the rate of --baseline {path}"
+    assert ttq.parse_args([*args, "--link-mbit", "100"]).link_how == "--link-mbit"
 
     def error(extra: list[str]) -> str:
         with pytest.raises(SystemExit):

@@ -237,3 +237,16 @@ def test_compare_report_keeps_the_other_run_only_when_the_arguments_match(tmp_pa
     assert compare.start_report(tmp_path, {**header, "steps": 20})["runs"] == {}
     assert compare.start_report(tmp_path, {**header, "overrides": []})["runs"] == {}
     assert compare.start_report(tmp_path / "missing", header) == {**header, "runs": {}}
+
+
+def test_compare_plot_draws_every_run(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the report's plot needs matplotlib (pip install '.[bench]')")
+    points = [{"step": s, "train_seconds": 2.0 * s, "valid_nll": 5.0 - s / 10} for s in (10, 20)]
+    report = {
+        "preset": "multi30k-en-de",
+        "workers": 4,
+        "steps": 20,
+        "runs": {name: {"curve": points, "bleu": 30.0} for name in ("allreduce", "decentralized")},
+    }
+    compare.plot(report, tmp_path / "report.png")
+    assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -125,30 +125,38 @@ def curve(run: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
+def plot_curves(
+    curves: dict[str, list[dict[str, float]]], title: str, path: Path, target: float | None = None
+) -> None:
+    """Validation loss against training time and against steps, one line per label; ``target`` a
+    dashed horizontal line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, (by_time, by_step) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, result in report["runs"].items():
-        points = result["curve"]
-        label = f"{LABELS[name]}: BLEU {result['bleu']:.2f}"
-        by_time.plot(
-            [p["train_seconds"] / 60 for p in points], [p["valid_nll"] for p in points], "o-", label=label
-        )
-        by_step.plot([p["step"] for p in points], [p["valid_nll"] for p in points], "o-", label=label)
+    for label, points in curves.items():
+        losses = [p["valid_nll"] for p in points]
+        by_time.plot([p["train_seconds"] / 60 for p in points], losses, "o-", label=label)
+        by_step.plot([p["step"] for p in points], losses, "o-", label=label)
     by_time.set_xlabel("training time (minutes, evaluation excluded)")
     by_step.set_xlabel("optimizer steps")
     for axes in (by_time, by_step):
+        if target is not None:
+            axes.axhline(target, color="grey", linestyle="--", linewidth=1)
         axes.set_ylabel("validation loss (NLL per token)")
         axes.grid(alpha=0.3)
         axes.legend()
-    figure.suptitle(f"{report['preset']}, {report['workers']} processes, {report['steps']} steps")
+    figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    curves = {f"{LABELS[name]}: BLEU {r['bleu']:.2f}": r["curve"] for name, r in report["runs"].items()}
+    plot_curves(curves, f"{report['preset']}, {report['workers']} processes, {report['steps']} steps", path)
 
 
 def start_report(out: Path, header: dict[str, Any]) -> dict[str, Any]:
