@@ -1,0 +1,171 @@
+"""n ranks of synchronous gossip in one process: exact simulation of decentralized training.
+
+:class:`SimulatedCluster` gives each simulated rank a :class:`~decentadam.collectives.Communicator`
+that sums the exchanges of :class:`~decentadam.DecentralizedAdam` in memory, so n optimizers in
+one process run the same update code as n processes would, with no process group. It answers
+"what would n workers do to my accuracy?" on one machine (and is how the worker-count study in
+``benchmarks/parity`` runs 16 workers on 2 cores)::
+
+    cluster = SimulatedCluster(4)
+    models = [build_model() for _ in range(4)]
+    optimizers = [
+        DecentralizedAdam(m.parameters(), topology="aer", local_world_size=2,
+                          communicator=cluster.communicator(rank))
+        for rank, m in enumerate(models)                 # rank 0 first: it broadcasts its weights
+    ]
+    for step in range(steps):
+        for rank, (model, optimizer) in enumerate(zip(models, optimizers)):
+            optimizer.zero_grad()
+            loss_fn(model(x[rank]), y[rank]).backward()  # each rank's own batch
+        for optimizer in optimizers:                     # lock step: every rank, in rank order
+            optimizer.step()
+    average = cluster.average([list(m.parameters()) for m in models])
+
+The ranks must advance in lock step: every rank's ``step(t)`` (or, with ``overlap="backward"``,
+every rank's backward of iteration ``t``) before any rank's iteration ``t + 1``, which is the
+order in which a real run's exchanges complete. An exchange is summed, in rank order, when its
+first member waits for it; waiting for one that a member has not started yet is a
+:class:`RuntimeError` naming the ranks. A resumed optimizer (``load_state_dict``) cannot be
+simulated: its first step starts an exchange of the loaded weights and waits for it at once, which
+needs the other ranks running at the same time.
+
+Collectives over every rank block until all ranks join, which one thread cannot do rank by rank:
+use :meth:`SimulatedCluster.average` and :meth:`SimulatedCluster.consensus_distance` on all
+ranks' tensors at once instead of the optimizers' ``average_parameters()`` and
+``consensus_distance()``, which raise here.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+from torch import Tensor
+
+from decentadam.collectives import NO_TIMEOUT, Handle
+from decentadam.topology import Group
+
+__all__ = ["SimulatedCluster", "SimulatedCommunicator"]
+
+
+@dataclass(eq=False)
+class _Exchange:
+    """The k-th sum over one group: each member's tensor, summed once, when first waited for."""
+
+    group: Group
+    tensors: dict[int, Tensor] = field(default_factory=dict)
+    done: bool = False
+
+    def finish(self, waiting_rank: int) -> None:
+        if self.done:
+            return
+        missing = [rank for rank in self.group if rank not in self.tensors]
+        if missing:
+            raise RuntimeError(
+                f"simulated rank {waiting_rank} waits for the exchange of group {self.group}, but "
+                f"rank(s) {missing} have not started it: step every simulated rank in rank order "
+                "before any rank's next iteration (decentadam.simulation)"
+            )
+        total = torch.zeros_like(self.tensors[self.group[0]])
+        for rank in self.group:  # a fixed order: every member gets bitwise the same sum
+            total.add_(self.tensors[rank])
+        for tensor in self.tensors.values():
+            tensor.copy_(total)
+        self.done = True
+
+
+@dataclass(eq=False)
+class _SimulatedHandle:
+    exchange: _Exchange
+    rank: int
+
+    def wait(self, timeout: timedelta = NO_TIMEOUT) -> object:
+        self.exchange.finish(self.rank)
+        return True
+
+
+class SimulatedCluster:
+    """The in-memory meeting point of ``world_size`` simulated ranks (see the module docstring)."""
+
+    def __init__(self, world_size: int) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        self.world_size = world_size
+        # (group, k) -> the k-th exchange over that group; each rank counts its own calls per group
+        self._exchanges: dict[tuple[Group, int], _Exchange] = {}
+        self._calls: list[dict[Group, int]] = [defaultdict(int) for _ in range(world_size)]
+        self._broadcasts: list[list[Tensor]] = [[] for _ in range(world_size)]
+        self._broadcasts_read = [0] * world_size
+
+    def communicator(self, rank: int) -> SimulatedCommunicator:
+        """The communicator to give the optimizer of simulated rank ``rank``."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is not in 0..{self.world_size - 1}")
+        return SimulatedCommunicator(self, rank)
+
+    def _group_sum(self, rank: int, tensor: Tensor, group: Group) -> Handle:
+        if rank not in group:
+            raise ValueError(f"rank {rank} is not a member of group {group}")
+        k = self._calls[rank][group]
+        self._calls[rank][group] = k + 1
+        exchange = self._exchanges.setdefault((group, k), _Exchange(group))
+        exchange.tensors[rank] = tensor
+        if len(exchange.tensors) == len(group):  # every member has started it: no longer needed here
+            del self._exchanges[(group, k)]
+        return _SimulatedHandle(exchange, rank)
+
+    def _broadcast(self, rank: int, tensor: Tensor, src: int) -> None:
+        if rank == src:
+            self._broadcasts[src].append(tensor.detach().clone())
+            return
+        index = self._broadcasts_read[rank]
+        sent = self._broadcasts[src]
+        if index >= len(sent):
+            raise RuntimeError(
+                f"simulated rank {rank} receives broadcast #{index} from rank {src}, which has not sent "
+                f"it: build (or step) rank {src} first"
+            )
+        tensor.copy_(sent[index])
+        self._broadcasts_read[rank] = index + 1
+
+    @staticmethod
+    def average(tensors_per_rank: Sequence[Sequence[Tensor]]) -> list[Tensor]:
+        """The exact average over ranks of each tensor: ``tensors_per_rank[rank][i]`` -> ``out[i]``."""
+        per_tensor = zip(*tensors_per_rank, strict=True)
+        return [torch.stack([t.detach() for t in same]).mean(0) for same in per_tensor]
+
+    @staticmethod
+    def consensus_distance(tensors_per_rank: Sequence[Sequence[Tensor]], relative: bool = False) -> float:
+        """mean over ranks of ``||x_i - x_bar||^2`` over all tensors (float64), as the optimizer's."""
+        distance = norm = 0.0
+        for same in zip(*tensors_per_rank, strict=True):
+            stacked = torch.stack([t.detach().double().reshape(-1) for t in same])  # (ranks, numel)
+            mean = stacked.mean(0)
+            distance += float((stacked - mean).square().sum(1).mean())
+            norm += float(mean.square().sum())
+        if relative:
+            return distance / norm if norm > 0 else 0.0
+        return distance
+
+
+class SimulatedCommunicator:
+    """One simulated rank's view of a :class:`SimulatedCluster` (a ``Communicator``)."""
+
+    def __init__(self, cluster: SimulatedCluster, rank: int) -> None:
+        self.cluster, self.rank, self.world_size = cluster, rank, cluster.world_size
+
+    def group_sum(self, tensor: Tensor, group: Group) -> Handle:
+        return self.cluster._group_sum(self.rank, tensor, group)
+
+    def broadcast(self, tensor: Tensor, src: int = 0) -> None:
+        self.cluster._broadcast(self.rank, tensor, src)
+
+    def world_sum(self, tensor: Tensor) -> None:
+        raise RuntimeError(
+            "a sum over every simulated rank would block this rank until the others join, which one "
+            "thread cannot do: use SimulatedCluster.average() or SimulatedCluster.consensus_distance() "
+            "on all ranks' tensors instead of average_parameters() / consensus_distance()"
+        )
