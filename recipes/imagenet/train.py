@@ -68,7 +68,7 @@ def check(cfg: Config) -> None:
     """What the field types do not rule out, checked before anything starts."""
     check_choice("optim.optimizer", cfg.optim.optimizer, OPTIMIZERS)
     check_choice("optim.algorithm", cfg.optim.algorithm, ALGORITHMS)
-    mixed_precision(cfg.train.mixed_precision)
+    mixed_precision(cfg.train.mixed_precision)  # raises for an unknown setting
     if cfg.optim.optimizer == "decentralized" and cfg.optim.algorithm != "adamw":
         raise ConfigError(
             f"optim.algorithm = {cfg.optim.algorithm!r}: decentralized training runs DecentralizedAdam "

@@ -60,7 +60,7 @@ OPTIMIZERS = ("allreduce", "decentralized")
 def check(cfg: config.Config) -> None:
     """Values that the dataclass types do not rule out; raises ConfigError before anything starts."""
     check_choice("optim.optimizer", cfg.optim.optimizer, OPTIMIZERS)
-    mixed_precision(cfg.train.mixed_precision)
+    mixed_precision(cfg.train.mixed_precision)  # raises for an unknown setting
     if not cfg.data.path:
         raise ConfigError("data.path is empty: give the data directory (data=DIR) or a hub name (wmt/wmt14)")
     if cfg.data.path in data.HUB_PAIRS:
