@@ -1,7 +1,7 @@
 """Training recipes built on decentadam's public API, and the scaffolding they share.
 
 ``recipes.common`` holds what every recipe needs and none documents (configuration, the run
-directory, the optimizer builder, the launch command, loop helpers); ``recipes.translation`` and
+directory, the optimizer builder, the launch command, the training clock); ``recipes.translation`` and
 ``recipes.imagenet`` each keep their own data, model and explicit training loop.
 
 The recipes are a package of the repository, not of the installed ``decentadam``: run them as
