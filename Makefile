@@ -26,7 +26,7 @@ $(VENV)/.stamp: pyproject.toml
 	touch $@
 
 demo: venv
-	$(BIN)/python recipes/translation/demo.py $(DEMO_ARGS)
+	$(BIN)/python -m recipes.translation.demo $(DEMO_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -56,8 +56,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from decentadam import A2CiD2, DecentralizedAdam
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -29,8 +29,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from decentadam import DecentralizedAdam
 from decentadam.topology import Group
 

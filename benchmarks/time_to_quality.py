@@ -17,14 +17,14 @@ the complete graph, and reports how long each takes to reach All-Reduce's final 
    communication-bound En-De setting); ``--link-mbit`` sets it instead.
 3. The emulated cluster (``benchmarks/cluster/netns.py``: one namespace per node, tbf on every node
    link) at that rate; TCP probes measure the links for the runtime model (``run.probe``).
-4. Each method: ``recipes/translation/train.py`` once per rank, in its node's namespace, with the
+4. Each method: ``python -m recipes.translation.train`` once per rank, in its node's namespace, with the
    environment torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR =
    node 0's address) and ``GLOO_SOCKET_IFNAME=eth0``, as ``benchmarks/cluster/run.py`` starts its
    workers: a same-node peer is reached over ``lo``, another node's through the shaped link. One
    process per rank needs no launcher agent per node and no rendezvous beyond gloo's own store.
    Every method runs the same steps from the same seed (initial weights and data order).
-5. After teardown, ``eval/bleu.py`` scores each final checkpoint on the preset's test split
-   (``recipes/translation/compare.py``'s ``bleu``).
+5. After teardown, ``python -m eval.bleu`` scores each final checkpoint on the preset's test split
+   (``recipes.translation.compare.bleu``).
 6. ``benchmarks/results/time_to_quality.{md,json,png}``.
 
 ``--render benchmarks/results/time_to_quality.json`` writes the report again from a run's JSON.
@@ -55,17 +55,17 @@ from typing import Any, NoReturn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks" / "cluster"))
 sys.path.insert(0, str(REPO))
-sys.path.append(str(REPO / "recipes" / "translation"))  # last: its config/data/model shadow nothing
 
-from compare import bleu, curve, plot_curves  # noqa: E402
 from netns import ClusterSpec, EmulatedCluster, missing_requirements  # noqa: E402
 
 from decentadam.runtime_model import ALLREDUCE, Cluster, Prediction, Workload, predict  # noqa: E402
+from recipes.translation.compare import bleu, curve, plot_curves  # noqa: E402
 
 logger = logging.getLogger("time-to-quality")
 
 RESULTS = REPO / "benchmarks" / "results"
-TRAIN = REPO / "recipes" / "translation" / "train.py"
+TRAIN = "recipes.translation.train"
+"""The recipe's module, started with ``python -m`` from the repository root."""
 CALIBRATE = Path(__file__).resolve().parent / "time_to_quality_calibrate.py"
 STEM = "time_to_quality"
 NODES, RANKS_PER_NODE = 2, 2
@@ -726,7 +726,7 @@ def train(
     """Train ``method`` with one process per rank in its node's namespace; return its command, wall
     seconds and the bytes that crossed the node links."""
     argv = [
-        sys.executable, "-u", str(TRAIN), "--preset", settings.preset, *method.args,
+        sys.executable, "-u", "-m", TRAIN, "--preset", settings.preset, *method.args,
         *settings.recipe_overrides(), *settings.run_settings(), f"train.output_dir={run}",
     ]  # fmt: skip
     world = NODES * RANKS_PER_NODE
@@ -881,7 +881,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     )
     parser.add_argument("--out-dir", type=Path, default=RESULTS, help="report directory")
     parser.add_argument("--prefix", default="dcq", help="network namespace name prefix")
-    parser.add_argument("--bleu-arg", action="append", default=[], help="passed to eval/bleu.py (repeatable)")
+    parser.add_argument("--bleu-arg", action="append", default=[], help="passed to eval.bleu (repeatable)")
     parser.add_argument("--timeout-min", type=float, help="per training (default: 10 min + 20 s per step)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every method")
     parser.epilog = (

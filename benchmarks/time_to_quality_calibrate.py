@@ -3,11 +3,12 @@
 ``benchmarks/time_to_quality.py`` starts this on every rank at once (the 4 processes share the
 cores as they do in training), with no process group and no network::
 
-    python benchmarks/time_to_quality_calibrate.py '{"preset": "multi30k-en-de", "overrides": [...],
-        "rank": 0, "world_size": 4, "local_world_size": 2, "warmup": 3, "steps": 12, "out": "r0.json"}'
+    PYTHONPATH=. python benchmarks/time_to_quality_calibrate.py '{"preset": "multi30k-en-de",
+        "overrides": [...], "rank": 0, "world_size": 4, "local_world_size": 2, "warmup": 3, "steps": 12,
+        "out": "r0.json"}'
 
 Each rank builds the recipe's model and reads its own batches of the recipe's data order (the same
-code and settings as ``recipes/translation/train.py``), then times, per optimizer step, the
+code and settings as ``recipes.translation.train``), then times, per optimizer step, the
 forward and backward passes of its micro-batches (C) and the two optimizer steps the runtime model
 needs: torch AdamW after All-Reduce (U_ar) and DecentralizedAdam's step (mix, AccumAdamW, copy into
 the send buffer: U_dec), the latter on a copy of the model with exchanges that finish at once.
@@ -19,7 +20,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
@@ -28,14 +28,11 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes" / "translation"))
-
-import config
-import data
-from model import build_model, loss_and_tokens
-
 from decentadam import DecentralizedAdam
 from decentadam.collectives import SingleProcessCommunicator
+from recipes.common.optim import param_groups
+from recipes.translation import config, data
+from recipes.translation.model import build_model, loss_and_tokens
 
 
 class _Offline(SingleProcessCommunicator):
@@ -43,14 +40,6 @@ class _Offline(SingleProcessCommunicator):
 
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
-
-
-def _param_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
-    """The recipe's two groups: weight decay on matrices, none on biases and norms."""
-    named = list(model.named_parameters())
-    no_decay = [p for n, p in named if p.ndim < 2 or "norm" in n]
-    decay = [p for n, p in named if not (p.ndim < 2 or "norm" in n)]
-    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def calibrate(spec: dict[str, Any]) -> dict[str, Any]:
@@ -62,7 +51,7 @@ def calibrate(spec: dict[str, Any]) -> dict[str, Any]:
     train_text = data.read_split(
         cfg.data.path, cfg.data.train_split, cfg.data.src, cfg.data.tgt, cfg.data.limit
     )
-    cache = cfg.data.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "decentadam", "translation")
+    cache = data.tokenizer_cache(cfg.data.cache_dir)
     tokenizer, _ = data.build_tokenizer(list(train_text), cfg.data.vocab_size, cache, path=cfg.data.tokenizer)
     train_set = data.encode(tokenizer, *train_text, max_length=cfg.data.max_length)
     batches = data.TokenBatches(
@@ -86,10 +75,10 @@ def calibrate(spec: dict[str, Any]) -> dict[str, Any]:
     shadow = copy.deepcopy(model)
     o = cfg.optim
     adamw = torch.optim.AdamW(
-        _param_groups(model), lr=o.lr, betas=o.betas_allreduce, eps=o.eps, weight_decay=o.weight_decay
+        param_groups(model, o.weight_decay), lr=o.lr, betas=o.betas_allreduce, eps=o.eps
     )
     ours = DecentralizedAdam(
-        _param_groups(shadow),
+        param_groups(shadow, o.weight_decay),
         lr=o.lr,
         betas=o.betas_decentralized,
         eps=o.eps,

@@ -2,90 +2,50 @@
 
 ::
 
-    python eval/bleu.py runs/m30k/step-0003000 --data ../shared/data/multi30k \\
-        --split test_2016_flickr --src en --tgt de
-    python eval/bleu.py runs/m30k --average-last 5 --data ../shared/data/multi30k --split test_2016_flickr \\
-        --src en --tgt de                     # the mean of the run's last 5 checkpoints' weights
+    python -m eval.bleu runs/m30k/step-3000 --data DATA/multi30k --split test_2016_flickr --src en --tgt de
+    python -m eval.bleu runs/m30k --average-last 5 --data DATA/multi30k --split test_2016_flickr \\
+        --src en --tgt de --output runs/m30k/test.json      # the mean of the run's last 5 checkpoints
 
-``CHECKPOINT_DIR`` is any directory that ``AutoModelForSeq2SeqLM`` and ``AutoTokenizer`` load with
+``CHECKPOINT`` is any directory that ``AutoModelForSeq2SeqLM`` and ``AutoTokenizer`` load with
 ``from_pretrained`` (this project's recipes write them; a public Marian model works too). The test
-set is ``DATA/{split}.{src}`` and ``DATA/{split}.{tgt}``, optionally gzipped, one sentence per line.
+set is read by the translation recipe's reader (``recipes.translation.data.read_split``):
+``DATA/{split}.{src}`` and ``DATA/{split}.{tgt}``, optionally gzipped, one sentence per line,
+aligned; or a hub corpus (``wmt/wmt14``).
 
 Decoding: beam search (beam 4, length penalty 0.6 by default, the paper's settings), at most
 ``source length + 50`` new tokens (the longest source of the batch: sentences are sorted by length
 and batched by ``--max-tokens`` of beams x source tokens), under ``torch.inference_mode``. The
 detokenized hypotheses are scored with sacreBLEU's corpus BLEU (13a tokenization, mixed case) and
-chrF against the raw references, and printed with sacreBLEU's signatures. Hypotheses go to
-``--output`` (default ``CHECKPOINT_DIR/{split}.{src}-{tgt}.hyp``), one per line in the input
-order, and the scores to ``--json`` (default: the same path with ``.json``).
+chrF against the raw references. The result (scores, sacreBLEU's signatures, settings) is printed as
+JSON on stdout and written to ``--output``; sacreBLEU's own lines go to stderr. ``--hypotheses
+FILE`` also writes the translations, one per line in the input order. Exit codes: ``eval.contract``.
 
-``--average-last K`` takes a run directory instead: its last K checkpoints (subdirectories named
-``...-N`` with a ``config.json``, ordered by N) are loaded and their floating-point parameters
-averaged before decoding (fairseq's ``average_checkpoints``); outputs then go to the run directory.
+``--average-last K`` takes a run directory instead: its last K complete checkpoints (``step-N``
+or ``checkpoint-N`` directories with decentadam's metadata, ``recipes.common.run.list_checkpoints``)
+are loaded and their floating-point parameters averaged before decoding (fairseq's
+``average_checkpoints``).
 """
 
 from __future__ import annotations
 
+if not __package__:  # run as a file, `eval` would not be a package
+    raise SystemExit(
+        f"{__file__} is a module of the eval package: run python -m eval.bleu from the repository root"
+    )
+
 import argparse
-import gzip
-import json
-import logging
-import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
+from eval.contract import CheckpointError, DataError, main
+from recipes.common.run import list_checkpoints
+from recipes.translation.data import DataError as TextError
+from recipes.translation.data import read_split
 
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "checkpoint", help="a from_pretrained directory, or a run directory with --average-last"
-    )
-    parser.add_argument("--data", required=True, help="directory of {split}.{lang}[.gz] files")
-    parser.add_argument("--split", default="test", help="split to translate (default: test)")
-    parser.add_argument("--src", required=True, help="source language suffix, e.g. en")
-    parser.add_argument("--tgt", required=True, help="target language suffix, e.g. de")
-    parser.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
-    parser.add_argument("--length-penalty", type=float, default=0.6, help="score / length**lp (default 0.6)")
-    parser.add_argument("--max-len-b", type=int, default=50, help="at most source length + this new tokens")
-    parser.add_argument("--max-tokens", type=int, default=16000, help="beams x source tokens per batch")
-    parser.add_argument(
-        "--average-last", type=int, default=0, metavar="K", help="average the run's last K checkpoints"
-    )
-    parser.add_argument("--prefix", default="", help="text put before every source (e.g. T5's task prefix)")
-    parser.add_argument("--limit", type=int, default=0, help="translate the first N sentences only")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    parser.add_argument("--output", help="hypotheses file (default: next to the checkpoint)")
-    parser.add_argument("--json", help="scores file (default: the hypotheses path with .json)")
-    return parser.parse_args(argv)
-
-
-def read_lines(directory: Path, split: str, lang: str) -> list[str]:
-    for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
-        path = directory / name
-        if path.is_file():
-            opener = gzip.open if path.suffix == ".gz" else open
-            with opener(path, "rt", encoding="utf-8") as handle:
-                return [line.rstrip("\n") for line in handle]
-    raise FileNotFoundError(f"no {directory / f'{split}.{lang}'} (or .gz): expected one sentence per line")
-
-
-def run_checkpoints(run: Path) -> list[Path]:
-    """Subdirectories of ``run`` that hold a model (``config.json``), ordered by their trailing number."""
-    found = []
-    for path in run.iterdir() if run.is_dir() else []:
-        match = re.search(r"(\d+)$", path.name)
-        if path.is_dir() and match and (path / "config.json").is_file():
-            found.append((int(match.group(1)), path))
-    return [path for _, path in sorted(found)]
+__all__ = ["evaluate", "load_model", "score", "translate"]
 
 
 def load_model(checkpoint: Path, average_last: int, dtype: torch.dtype) -> tuple[Any, Any, list[Path]]:
@@ -94,20 +54,26 @@ def load_model(checkpoint: Path, average_last: int, dtype: torch.dtype) -> tuple
 
     paths = [checkpoint]
     if average_last > 0:
-        paths = run_checkpoints(checkpoint)[-average_last:]
+        paths = list_checkpoints(checkpoint)[-average_last:]
         if not paths:
-            raise FileNotFoundError(
-                f"{checkpoint} holds no checkpoint (a subdirectory step-N with a config.json)"
+            raise CheckpointError(
+                f"{checkpoint} holds no complete checkpoint (a subdirectory step-N with "
+                "decentadam/meta.json): give a recipe's run directory, or drop --average-last"
             )
-    model = AutoModelForSeq2SeqLM.from_pretrained(paths[-1], dtype=torch.float32)
-    if len(paths) > 1:
-        total = {k: v.clone() for k, v in model.state_dict().items() if v.is_floating_point()}
-        for path in paths[:-1]:
-            other = AutoModelForSeq2SeqLM.from_pretrained(path, dtype=torch.float32).state_dict()
-            for key in total:
-                total[key] += other[key]
-        model.load_state_dict({k: v / len(paths) for k, v in total.items()}, strict=False)
-    tokenizer = AutoTokenizer.from_pretrained(paths[-1])
+    try:
+        model = AutoModelForSeq2SeqLM.from_pretrained(paths[-1], dtype=torch.float32)
+        if len(paths) > 1:
+            total = {k: v.clone() for k, v in model.state_dict().items() if v.is_floating_point()}
+            for path in paths[:-1]:
+                other = AutoModelForSeq2SeqLM.from_pretrained(path, dtype=torch.float32).state_dict()
+                for key in total:
+                    total[key] += other[key]
+            model.load_state_dict({k: v / len(paths) for k, v in total.items()}, strict=False)
+        tokenizer = AutoTokenizer.from_pretrained(paths[-1])
+    except (OSError, ValueError) as error:
+        raise CheckpointError(
+            f"{paths[-1]}: not a seq2seq checkpoint that from_pretrained loads ({error})"
+        ) from None
     return model.to(dtype).eval(), tokenizer, paths
 
 
@@ -175,60 +141,108 @@ def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    checkpoint, data = Path(args.checkpoint), Path(args.data)
-    sources, references = read_lines(data, args.split, args.src), read_lines(data, args.split, args.tgt)
-    if len(sources) != len(references):
-        raise ValueError(
-            f"{args.split}.{args.src} has {len(sources)} lines but {args.split}.{args.tgt} {len(references)}"
-        )
-    if args.limit > 0:
-        sources, references = sources[: args.limit], references[: args.limit]
-    dtype = getattr(torch, args.dtype)
-    model, tokenizer, used = load_model(checkpoint, args.average_last, dtype)
-    model.to(args.device)
+def evaluate(
+    checkpoint: str | Path,
+    data: str,
+    split: str,
+    src: str,
+    tgt: str,
+    *,
+    beam: int = 4,
+    length_penalty: float = 0.6,
+    max_len_b: int = 50,
+    max_tokens: int = 16000,
+    average_last: int = 0,
+    prefix: str = "",
+    limit: int = 0,
+    device: str = "auto",
+    dtype: str = "float32",
+    hypotheses: str | Path | None = None,
+) -> dict[str, Any]:
+    """BLEU and chrF of ``checkpoint`` (a run directory with ``average_last``) on ``split`` of ``data``.
+
+    Raises :class:`eval.contract.DataError` for the test set and ``CheckpointError`` for the model.
+    """
+    started = time.perf_counter()
+    try:
+        sources, references = read_split(data, split, src, tgt, limit)
+    except (TextError, ImportError) as error:
+        raise DataError(str(error)) from None
+    run_on = device if device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer, used = load_model(Path(checkpoint), average_last, getattr(torch, dtype))
+    model.to(run_on)
     begin = time.perf_counter()
-    hypotheses = translate(
-        model,
-        tokenizer,
-        [args.prefix + s for s in sources],
-        beam=args.beam,
-        length_penalty=args.length_penalty,
-        max_len_b=args.max_len_b,
-        max_tokens=args.max_tokens,
-        device=args.device,
-    )
-    seconds = time.perf_counter() - begin
-    scores = score(hypotheses, references)
-    output = Path(args.output) if args.output else checkpoint / f"{args.split}.{args.src}-{args.tgt}.hyp"
-    json_path = Path(args.json) if args.json else output.with_suffix(".json")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-    result = {
-        **scores,
+    translations = translate(
+        model, tokenizer, [prefix + s for s in sources], beam=beam, length_penalty=length_penalty,
+        max_len_b=max_len_b, max_tokens=max_tokens, device=run_on,
+    )  # fmt: skip
+    decode_seconds = time.perf_counter() - begin
+    if hypotheses is not None:
+        Path(hypotheses).parent.mkdir(parents=True, exist_ok=True)
+        Path(hypotheses).write_text("".join(h + "\n" for h in translations), encoding="utf-8")
+    return {
+        **score(translations, references),
+        "checkpoint": str(checkpoint),
         "checkpoints": [str(p) for p in used],
-        "split": args.split,
-        "src": args.src,
-        "tgt": args.tgt,
+        "data": data,
+        "split": split,
+        "src": src,
+        "tgt": tgt,
         "sentences": len(sources),
-        "beam": args.beam,
-        "length_penalty": args.length_penalty,
-        "max_len_b": args.max_len_b,
-        "decode_seconds": round(seconds, 1),
-        "hypotheses": str(output),
+        "beam": beam,
+        "length_penalty": length_penalty,
+        "max_len_b": max_len_b,
+        "decode_seconds": round(decode_seconds, 1),
+        "hypotheses": str(hypotheses) if hypotheses is not None else None,
+        "seconds": round(time.perf_counter() - started, 1),
     }
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    for metric in ("bleu", "chrf"):  # as the sacrebleu command prints it: NAME|signature = score ...
-        name, value = scores[f"{metric}_detail"].split(" = ", 1)
-        print(f"{name}|{scores[f'{metric}_signature']} = {value}")
-    print(f"{len(sources)} sentences in {seconds:.1f} s; hypotheses: {output}; scores: {json_path}")
-    return result
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m eval.bleu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "checkpoint", help="a from_pretrained directory, or a run directory with --average-last"
+    )
+    parser.add_argument("--data", required=True, help="directory of {split}.{lang}[.gz] files, or wmt/wmt14")
+    parser.add_argument("--split", default="test", help="split to translate (default: test)")
+    parser.add_argument("--src", required=True, help="source language suffix, e.g. en")
+    parser.add_argument("--tgt", required=True, help="target language suffix, e.g. de")
+    parser.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
+    parser.add_argument("--length-penalty", type=float, default=0.6, help="score / length**lp (default 0.6)")
+    parser.add_argument("--max-len-b", type=int, default=50, help="at most source length + this new tokens")
+    parser.add_argument("--max-tokens", type=int, default=16000, help="beams x source tokens per batch")
+    parser.add_argument(
+        "--average-last", type=int, default=0, metavar="K", help="average the run's last K checkpoints"
+    )
+    parser.add_argument("--prefix", default="", help="text put before every source (e.g. T5's task prefix)")
+    parser.add_argument("--limit", type=int, default=0, help="translate the first N sentences only")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument("--output", help="also write the JSON result to this file")
+    parser.add_argument("--hypotheses", help="write the translations to this file, one per line")
+    return parser
+
+
+def _evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    return evaluate(
+        args.checkpoint, args.data, args.split, args.src, args.tgt, beam=args.beam,
+        length_penalty=args.length_penalty, max_len_b=args.max_len_b, max_tokens=args.max_tokens,
+        average_last=args.average_last, prefix=args.prefix, limit=args.limit, device=args.device,
+        dtype=args.dtype, hypotheses=args.hypotheses,
+    )  # fmt: skip
+
+
+def _summary(result: dict[str, Any]) -> str:
+    """sacreBLEU's lines, ``NAME|signature = score ...``, and where the result came from."""
+    lines = []
+    for metric in ("bleu", "chrf"):
+        name, value = result[f"{metric}_detail"].split(" = ", 1)
+        lines.append(f"{name}|{result[f'{metric}_signature']} = {value}")
+    lines.append(f"{result['sentences']} sentences in {result['decode_seconds']} s")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING)
-    try:
-        main()
-    except (FileNotFoundError, ValueError) as error:
-        sys.exit(f"error: {error}")
+    main(parser(), _evaluate, summary=_summary)

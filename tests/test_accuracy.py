@@ -1,29 +1,20 @@
-"""eval/accuracy.py on a plain Hugging Face checkpoint (not one of ours): label matching, top-k, errors."""
+"""eval.accuracy on a plain Hugging Face checkpoint (not one of ours): label matching, top-k, errors."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 from PIL import Image
 
-pytest.importorskip("transformers", reason="eval/accuracy.py needs transformers")
+pytest.importorskip("transformers", reason="eval.accuracy needs transformers")
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def accuracy_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("eval_accuracy", ROOT / "eval" / "accuracy.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from eval import accuracy, contract
+from recipes.common.launch import environment
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +43,7 @@ def test_public_checkpoint_with_other_label_names_is_scored_in_sorted_folder_ord
     public_checkpoint: Path, tmp_path: Path
 ) -> None:
     data = folder(tmp_path, ["n02", "n01", "n03"])
-    result = accuracy_module().evaluate(str(public_checkpoint), str(data), "val", batch_size=4)
+    result = accuracy.evaluate(str(public_checkpoint), str(data), "val", batch_size=4)
     assert (
         result["images"] == 9 and result["classes"] == 3 and result["label_mapping"] == "sorted-folder-order"
     )
@@ -61,20 +52,32 @@ def test_public_checkpoint_with_other_label_names_is_scored_in_sorted_folder_ord
 
 
 def test_label_names_are_matched_by_name(public_checkpoint: Path, tmp_path: Path) -> None:
-    module = accuracy_module()
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(public_checkpoint)
-    assert module.label_mapping(["LABEL_2", "LABEL_0"], config) == ([2, 0], "names")
-    with pytest.raises(module.EvalError, match="no way to match them"):
-        module.label_mapping(["a", "b"], config)
+    assert accuracy.label_mapping(["LABEL_2", "LABEL_0"], config) == ([2, 0], "names")
+    with pytest.raises(contract.MismatchError, match="no way to match them"):
+        accuracy.label_mapping(["a", "b"], config)
 
 
-def test_command_line_writes_json_and_names_a_missing_split(public_checkpoint: Path, tmp_path: Path) -> None:
+def test_command_line_prints_json_writes_output_and_exits_with_the_error_kind(
+    public_checkpoint: Path, tmp_path: Path
+) -> None:
     data = folder(tmp_path / "data", ["a", "b", "c"], per_class=1)
-    script = [sys.executable, str(ROOT / "eval" / "accuracy.py"), str(public_checkpoint), "--data", str(data)]
-    done = subprocess.run([*script, "--output", str(tmp_path / "out.json")], capture_output=True, text=True)
+
+    def command_line(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "eval.accuracy", *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, env=environment())
+
+    done = command_line(str(public_checkpoint), "--data", str(data), "--output", str(tmp_path / "out.json"))
     assert done.returncode == 0, done.stderr
-    assert json.loads((tmp_path / "out.json").read_text())["images"] == 3
-    missing = subprocess.run([*script, "--split", "test"], capture_output=True, text=True)
-    assert missing.returncode == 2 and f"{data / 'test'}: no such folder" in missing.stderr
+    assert json.loads(done.stdout) == json.loads((tmp_path / "out.json").read_text())
+    assert json.loads(done.stdout)["images"] == 3
+    missing = command_line(str(public_checkpoint), "--data", str(data), "--split", "test")
+    assert missing.returncode == 3 and f"error: {data / 'test'}: no such folder" in missing.stderr
+    assert missing.stdout == ""
+    not_a_model = command_line(str(data), "--data", str(data))
+    assert not_a_model.returncode == 4 and "not an image-classification checkpoint" in not_a_model.stderr
+    ten = folder(tmp_path / "ten", [f"c{i}" for i in range(10)], per_class=1)  # 10 classes, 3 labels
+    mismatch = command_line(str(public_checkpoint), "--data", str(ten))
+    assert mismatch.returncode == 5 and "no way to match them" in mismatch.stderr

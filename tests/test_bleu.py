@@ -1,23 +1,22 @@
-"""eval/bleu.py on checkpoints that from_pretrained loads, built here without the recipe."""
+"""eval.bleu on checkpoints that from_pretrained loads, built here without the recipe; its command line."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-pytest.importorskip("sacrebleu", reason="eval/bleu.py needs pip install '.[recipes]'")
-pytest.importorskip("tokenizers", reason="eval/bleu.py needs pip install '.[recipes]'")
-torch = pytest.importorskip("torch")
+pytest.importorskip("sacrebleu", reason="eval.bleu needs pip install '.[recipes]'")
+pytest.importorskip("tokenizers", reason="eval.bleu needs pip install '.[recipes]'")
 
-ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("eval_bleu", ROOT / "eval" / "bleu.py")
-assert spec is not None and spec.loader is not None
-bleu = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bleu)
+from decentadam import checkpoint_files
+from eval import bleu
+from recipes.common.launch import environment
 
 SOURCES = ["a small dog runs .", "the cat sleeps .", "two birds sing in a tree .", "a man reads ."]
 TARGETS = [
@@ -60,21 +59,63 @@ def write_test_set(directory: Path) -> Path:
     return directory
 
 
-def test_bleu_of_a_checkpoint_prints_the_signature_and_writes_files(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def command_line(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "eval.bleu", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(),
+    )
+
+
+def test_evaluate_scores_a_checkpoint_and_writes_hypotheses_only_when_asked(tmp_path: Path) -> None:
     save_checkpoint(tmp_path / "model", seed=0)
     data = write_test_set(tmp_path / "data")
-    result = bleu.main(
-        [str(tmp_path / "model"), "--data", str(data), "--src", "en", "--tgt", "de", "--max-len-b", "4"]
+    result = bleu.evaluate(tmp_path / "model", str(data), "test", "en", "de", max_len_b=4)
+    assert result["beam"] == 4 and result["length_penalty"] == 0.6 and result["sentences"] == len(SOURCES)
+    assert result["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert result["hypotheses"] is None and sorted(p.name for p in (tmp_path / "model").iterdir()) == sorted(
+        [
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ]
+    )  # nothing written into the checkpoint
+    again = bleu.evaluate(
+        tmp_path / "model", str(data), "test", "en", "de", max_len_b=4, hypotheses=tmp_path / "out" / "h.txt"
     )
-    printed = capsys.readouterr().out
-    assert "BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in printed and "chrF2|" in printed
-    scores = json.loads((tmp_path / "model" / "test.en-de.json").read_text())
-    assert scores == result and scores["beam"] == 4 and scores["length_penalty"] == 0.6
-    assert scores["bleu_signature"].startswith("nrefs:1|case:mixed")
-    hypotheses = (tmp_path / "model" / "test.en-de.hyp").read_text().splitlines()
-    assert len(hypotheses) == len(SOURCES) == scores["sentences"]
+    assert again["bleu"] == result["bleu"]
+    assert len((tmp_path / "out" / "h.txt").read_text().splitlines()) == len(SOURCES)
+
+
+def test_command_line_prints_json_writes_output_and_exits_with_the_error_kind(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path / "model", seed=0)
+    data = write_test_set(tmp_path / "data")
+    common = ["--data", str(data), "--src", "en", "--tgt", "de", "--max-len-b", "4"]
+    done = command_line(str(tmp_path / "model"), *common, "--output", str(tmp_path / "out" / "scores.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = json.loads(done.stdout)  # stdout holds the JSON and nothing else
+    assert printed == json.loads((tmp_path / "out" / "scores.json").read_text())
+    assert printed["sentences"] == len(SOURCES) and printed["checkpoints"] == [str(tmp_path / "model")]
+    assert (
+        "BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in done.stderr
+        and "chrF2|" in done.stderr
+    )
+
+    missing_language = command_line(str(tmp_path / "model"), *common[:-4], "--tgt", "fr")
+    assert missing_language.returncode == 3 and "error: missing data file" in missing_language.stderr
+    assert missing_language.stdout == ""
+    not_a_model = command_line(str(data), *common)
+    assert not_a_model.returncode == 4 and f"error: {data}: not a seq2seq checkpoint" in not_a_model.stderr
+    no_run = command_line(str(tmp_path / "model"), "--average-last", "2", *common)
+    assert no_run.returncode == 4 and "holds no complete checkpoint" in no_run.stderr
+    (tmp_path / "taken").mkdir()
+    bad_output = command_line(str(tmp_path / "model"), *common, "--output", str(tmp_path / "taken"))
+    assert bad_output.returncode == 6 and "is a folder: give a file name" in bad_output.stderr
+    assert command_line(str(tmp_path / "model")).returncode == 2  # argparse: --data and friends missing
 
 
 def test_translate_keeps_input_order_across_length_sorted_batches(tmp_path: Path) -> None:
@@ -90,10 +131,16 @@ def test_translate_keeps_input_order_across_length_sorted_batches(tmp_path: Path
     )
 
 
-def test_average_last_k_averages_the_weights_of_the_last_checkpoints(tmp_path: Path) -> None:
-    models = [save_checkpoint(tmp_path / "run" / f"step-{step}", seed=step) for step in (5, 10, 20)]
-    (tmp_path / "run" / "step-30").mkdir()  # no config.json: not a checkpoint
-    averaged, _, used = bleu.load_model(tmp_path / "run", 2, torch.float32)
+def test_average_last_k_averages_the_weights_of_the_last_complete_checkpoints(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    models = [save_checkpoint(run / f"step-{step}", seed=step) for step in (5, 10, 20, 30)]
+    for step in (5, 10, 20):  # complete: decentadam's metadata, as save_checkpoint writes it last
+        checkpoint_files.state_dir(run / f"step-{step}").mkdir()
+        checkpoint_files.write_meta(
+            run / f"step-{step}", checkpoint_files.RunShape(1, "allreduce", None), step
+        )
+    # step-30 has weights but no metadata: an interrupted save, not a checkpoint
+    averaged, _, used = bleu.load_model(run, 2, torch.float32)
     assert [p.name for p in used] == ["step-10", "step-20"]
     expected = {
         k: (models[1].state_dict()[k] + models[2].state_dict()[k]) / 2 for k in models[2].state_dict()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import ClassVar
 
@@ -14,11 +13,8 @@ from PIL import Image
 
 pytest.importorskip("transformers", reason="the image recipe needs pip install '.[recipes]'")
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "recipes"))
-
-from imagenet import config, data, make_digits  # noqa: E402
-from imagenet.train import check  # noqa: E402
+from recipes.imagenet import config, data, make_digits
+from recipes.imagenet.train import check
 
 MNIST_MEAN, MNIST_STD = (0.1307,) * 3, (0.3081,) * 3
 
@@ -202,8 +198,8 @@ def test_every_preset_loads_and_passes_the_checks() -> None:
         "mnist-resnet-small-accumadam",
         "mnist-resnet-small-allreduce",
         "mnist-resnet-small-a2cid2",
-    } <= set(config.presets())
-    for name in config.presets():
+    } <= set(config.PRESETS.names())
+    for name in config.PRESETS.names():
         check(config.load(name, ["data=DIR"]))
     paper = config.load("resnet50-imagenet-accumadam")
     assert (paper.optim.lr, paper.optim.weight_decay, paper.optim.accum_steps) == (1.5e-3, 2.0**-15, 8)

@@ -330,11 +330,10 @@ needs_netns = pytest.mark.skipif(
 @needs_netns
 @pytest.mark.timeout(400)
 def test_the_command_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
-    pytest.importorskip("sacrebleu", reason="eval/bleu.py needs pip install '.[recipes]'")
-    sys.path.insert(0, str(ROOT / "recipes" / "translation"))
-    import synthetic
+    pytest.importorskip("sacrebleu", reason="eval.bleu needs pip install '.[recipes]'")
+    from recipes.translation import synthetic
 
-    corpus = synthetic.write(tmp_path / "corpus", train=600, valid=40, test=12)
+    corpus = synthetic.write(tmp_path / "corpus", train=600, val=40, test=12)
     prefix = f"dq{os.getpid() % 100000}"
     command = [
         sys.executable, str(ROOT / "benchmarks" / "time_to_quality.py"), "--data", str(corpus),
@@ -344,7 +343,7 @@ def test_the_command_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
         "--bleu-arg=--max-len-b=5",
         f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=200", "model.layers=1",
         "model.d_model=32", "model.ffn_dim=64", "model.heads=2", "train.global_tokens=1024",
-        "data.valid_limit=40",
+        "data.val_limit=40",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     process = subprocess.run(command, capture_output=True, text=True, timeout=220, env=env, cwd=ROOT)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,18 +14,13 @@ import pytest
 pytest.importorskip("tokenizers", reason="the translation recipe needs pip install '.[recipes]'")
 pytest.importorskip("transformers", reason="the translation recipe needs pip install '.[recipes]'")
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "recipes" / "translation"))
-
-import compare  # noqa: E402
-import config  # noqa: E402
-import data  # noqa: E402
-import synthetic  # noqa: E402
+from recipes.common.launch import environment
+from recipes.translation import compare, config, data, synthetic
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return synthetic.write(tmp_path_factory.mktemp("synthetic"), train=1500, valid=50, test=50)
+    return synthetic.write(tmp_path_factory.mktemp("synthetic"), train=1500, val=50, test=50)
 
 
 def write_text(path: Path, lines: list[str]) -> Path:
@@ -132,7 +126,7 @@ def test_token_batches_order_depends_on_seed_and_epoch_only() -> None:
 
 
 def test_presets_load_and_the_effective_config_round_trips(tmp_path: Path) -> None:
-    for name in config.available_presets():
+    for name in config.PRESETS.names():
         config.load(name)
     base = config.load("wmt14-en-de-base")
     assert (base.model.layers, base.model.d_model, base.model.ffn_dim, base.model.heads) == (6, 512, 2048, 8)
@@ -206,9 +200,7 @@ def test_unknown_preset_key_and_bad_values_are_named(tmp_path: Path) -> None:
 
 
 def test_train_script_reports_bad_input_before_training(corpus: Path, tmp_path: Path) -> None:
-    """The script itself: one line on stderr, exit code 2, and nothing written to the run directory."""
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    script = ROOT / "recipes" / "translation" / "train.py"
+    """The module itself: one line on stderr, exit code 2, and nothing written to the run directory."""
     for overrides, message in [
         ([f"data={corpus}", "data.tgt=fr"], "missing data file"),
         ([f"data={corpus}", "model.depth=3"], "unknown config key model.depth"),
@@ -216,9 +208,9 @@ def test_train_script_reports_bad_input_before_training(corpus: Path, tmp_path: 
     ]:
         run = tmp_path / "run"
         process = subprocess.run(
-            [sys.executable, str(script), "--preset", "demo-synthetic-en-de", f"train.output_dir={run}",
-             *overrides],
-            capture_output=True, text=True, timeout=120, env=env,
+            [sys.executable, "-m", "recipes.translation.train", "--preset", "demo-synthetic-en-de",
+             f"train.output_dir={run}", *overrides],
+            capture_output=True, text=True, timeout=120, env=environment(),
         )  # fmt: skip
         assert process.returncode == 2, process.stderr[-2000:]
         assert process.stderr.strip().startswith("error: ") and message in process.stderr
@@ -229,7 +221,7 @@ def test_train_script_reports_bad_input_before_training(corpus: Path, tmp_path: 
 
 
 def test_compare_report_keeps_the_other_run_only_when_the_arguments_match(tmp_path: Path) -> None:
-    header = {"preset": "p", "data": "d", "steps": 10, "workers": 4, "overrides": ["a=1"]}
+    header = {"preset": "p", "data": "d", "steps": 10, "processes": 4, "overrides": ["a=1"]}
     run = {"bleu": 12.5}
     (tmp_path / "report.json").write_text(json.dumps({**header, "runs": {"allreduce": run}}))
 
@@ -239,14 +231,33 @@ def test_compare_report_keeps_the_other_run_only_when_the_arguments_match(tmp_pa
     assert compare.start_report(tmp_path / "missing", header) == {**header, "runs": {}}
 
 
-def test_compare_plot_draws_every_run(tmp_path: Path) -> None:
+def test_compare_plot_draws_each_run_against_time_and_steps(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the report's plot needs matplotlib (pip install '.[bench]')")
-    points = [{"step": s, "train_seconds": 2.0 * s, "valid_nll": 5.0 - s / 10} for s in (10, 20)]
+    from PIL import Image
+
+    curves = {
+        "allreduce": [{"step": s, "train_seconds": 60.0 * s, "valid_nll": 5.0 - s / 10} for s in (10, 20)],
+        "decentralized": [
+            {"step": s, "train_seconds": 30.0 * s, "valid_nll": 5.5 - s / 10} for s in (10, 20)
+        ],
+    }
     report = {
         "preset": "multi30k-en-de",
-        "workers": 4,
+        "processes": 4,
         "steps": 20,
-        "runs": {name: {"curve": points, "bleu": 30.0} for name in ("allreduce", "decentralized")},
+        "runs": {name: {"curve": curve, "bleu": 30.0 + i} for i, (name, curve) in enumerate(curves.items())},
     }
-    compare.plot(report, tmp_path / "report.png")
-    assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    figure = compare.plot(report, tmp_path / "report.png")
+
+    assert figure.texts[0].get_text() == "multi30k-en-de, 4 processes, 20 steps"
+    by_time, by_step = figure.axes[:2]
+    assert "training time" in by_time.get_xlabel() and by_step.get_xlabel() == "optimizer steps"
+    for axes, x_of in ((by_time, lambda p: p["train_seconds"] / 60), (by_step, lambda p: p["step"])):
+        lines = {line.get_label(): line for line in axes.get_lines()}
+        assert set(lines) == {"All-Reduce (DDP + AdamW): BLEU 30.00", "AccumAdam (decentadam): BLEU 31.00"}
+        for (label, line), points in zip(lines.items(), curves.values(), strict=True):
+            assert list(line.get_xdata()) == [x_of(p) for p in points], label
+            assert list(line.get_ydata()) == [p["valid_nll"] for p in points], label
+    with Image.open(tmp_path / "report.png") as image:  # what was saved: the 11 x 4 inch figure at 120 dpi
+        assert image.size == (1320, 480)
+        assert len(image.convert("RGB").getcolors(maxcolors=1 << 16) or []) > 20  # drawn on, not blank

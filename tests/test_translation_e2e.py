@@ -1,4 +1,4 @@
-"""Translation recipe end to end: accelerate launch on 4 gloo processes -> checkpoints -> eval/bleu.py.
+"""Translation recipe end to end: accelerate launch on 4 gloo processes -> checkpoints -> eval.bleu.
 
 A tiny model on a small synthetic corpus (recipes/translation/synthetic.py), a few steps: the
 point is the plumbing (both optimizers, checkpoints that from_pretrained loads, exact resume, BLEU
@@ -8,7 +8,6 @@ with its signature), not the score.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,36 +15,22 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("tokenizers", reason="the translation recipe needs pip install '.[recipes]'")
-pytest.importorskip("sacrebleu", reason="eval/bleu.py needs pip install '.[recipes]'")
+pytest.importorskip("sacrebleu", reason="eval.bleu needs pip install '.[recipes]'")
 pytest.importorskip("accelerate", reason="the translation recipe needs pip install '.[recipes]'")
 
-ROOT = Path(__file__).resolve().parent.parent
-RECIPE = ROOT / "recipes" / "translation"
-sys.path.insert(0, str(RECIPE))
-
-import synthetic  # noqa: E402
+from recipes.common.launch import accelerate_launch, environment
+from recipes.translation import synthetic
 
 TINY = [
     "data.vocab_size=200", "model.layers=1", "model.d_model=32", "model.ffn_dim=64", "model.heads=2",
     "train.global_tokens=1024", "train.log_every=1", "train.eval_every=2", "train.save_every=2",
-    "train.keep_last=2", "data.valid_limit=40",
+    "train.keep_last=2", "data.val_limit=40",
 ]  # fmt: skip
 
 
-def environment() -> dict[str, str]:
-    path = f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    return {**os.environ, "PYTHONPATH": path, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
-
-
 def launch(*args: str) -> str:
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "4",
-        "--num_machines", "1", "--dynamo_backend", "no", "--mixed_precision", "no",
-        str(RECIPE / "train.py"), "--preset", "demo-synthetic-en-de", *args,
-    ]  # fmt: skip
-    process = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, env=environment(), cwd=ROOT
-    )
+    command = [*accelerate_launch("recipes.translation.train", 4), "--preset", "demo-synthetic-en-de", *args]
+    process = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment())
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-6000:]
     return process.stdout + process.stderr
 
@@ -58,7 +43,7 @@ def weights(checkpoint: Path) -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return synthetic.write(tmp_path_factory.mktemp("corpus"), train=600, valid=40, test=12)
+    return synthetic.write(tmp_path_factory.mktemp("corpus"), train=600, val=40, test=12)
 
 
 @pytest.mark.parametrize("optimizer", ["decentralized", "allreduce"])
@@ -70,7 +55,7 @@ def test_train_checkpoint_resume_and_bleu(optimizer: str, corpus: Path, tmp_path
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     output = launch(*settings, f"train.output_dir={straight}", "train.max_steps=4")
     assert f"4 processes x 256 tokens x 1 micro-batches per step, {optimizer}" in output
-    assert [p.name for p in sorted(straight.glob("step-*"))] == ["step-0000002", "step-0000004"]
+    assert sorted(p.name for p in straight.glob("step-*")) == ["step-2", "step-4"]
     assert len((straight / "metrics.jsonl").read_text().splitlines()) == 2
     assert "[train]\nglobal_tokens = 1024" in (straight / "config.toml").read_text()
     assert list((straight / "tb").rglob("events.out.tfevents.*"))
@@ -80,7 +65,7 @@ def test_train_checkpoint_resume_and_bleu(optimizer: str, corpus: Path, tmp_path
     launch(*settings, f"train.output_dir={resumed}", "train.max_steps=2")
     output = launch(*settings, f"train.output_dir={resumed}", "train.max_steps=4", "--resume")
     assert "resumed from" in output and "at step 2" in output
-    ours, reference = weights(resumed / "step-0000004"), weights(straight / "step-0000004")
+    ours, reference = weights(resumed / "step-4"), weights(straight / "step-4")
     assert ours.keys() == reference.keys()
     if optimizer == "decentralized":
         assert all(torch.equal(ours[k], reference[k]) for k in ours)  # type: ignore[arg-type]
@@ -90,19 +75,18 @@ def test_train_checkpoint_resume_and_bleu(optimizer: str, corpus: Path, tmp_path
     nll = [[round(json.loads(line)["valid_nll"], 4) for line in curve] for curve in curves]
     assert nll[0] == nll[1]
 
-    checkpoint = straight / "step-0000004"
+    checkpoint = straight / "step-4"
     model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint)  # the checkpoint is a HF model directory
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     assert model.config.model_type == "marian" and len(tokenizer) <= 200
     if optimizer == "decentralized":
-        return  # BLEU once is enough: eval/bleu.py only reads the HF directory
+        return  # BLEU once is enough: eval.bleu only reads the HF directory
     process = subprocess.run(
-        [sys.executable, str(ROOT / "eval" / "bleu.py"), str(straight), "--average-last", "2", "--data",
-         str(corpus), "--split", "test", "--src", "en", "--tgt", "de", "--max-len-b", "5"],
+        [sys.executable, "-m", "eval.bleu", str(straight), "--average-last", "2", "--data", str(corpus),
+         "--split", "test", "--src", "en", "--tgt", "de", "--max-len-b", "5"],
         capture_output=True, text=True, timeout=120, env=environment(),
     )  # fmt: skip
     assert process.returncode == 0, process.stderr[-3000:]
-    assert "BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in process.stdout
-    scores = json.loads((straight / "test.en-de.json").read_text())
-    assert scores["sentences"] == 12 and len(scores["checkpoints"]) == 2
-    assert len((straight / "test.en-de.hyp").read_text().splitlines()) == 12
+    scores = json.loads(process.stdout)
+    assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert scores["sentences"] == 12 and scores["checkpoints"] == [str(straight / "step-2"), str(checkpoint)]

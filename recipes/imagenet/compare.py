@@ -2,22 +2,28 @@
 
 ::
 
-    python recipes/imagenet/make_digits.py runs/mnist-5k
-    flock /tmp/decentadam-cpu.lock python recipes/imagenet/compare.py --data runs/mnist-5k \\
+    python -m recipes.imagenet.make_digits runs/mnist-5k
+    flock /tmp/decentadam-cpu.lock python -m recipes.imagenet.compare --data runs/mnist-5k \\
         --processes 4 --local-world-size 2 --seeds 0 1 2 --out recipes/imagenet/results/mnist-4proc
 
 trains ``--allreduce-preset`` and ``--decentralized-preset`` (by default the two small MNIST presets,
 which differ only in ``[optim]``: the script refuses presets whose data, model or training sections
-differ) with ``accelerate launch`` on ``--processes`` CPU processes (``--gpu``: GPUs), once per seed,
-and scores each final checkpoint with ``eval/accuracy.py``. Before training it measures the data
-pipeline alone: the images per second that one rank's loader delivers with the preset's workers (and
-with ``--loader-workers``), no model. It writes ``OUT/report.json`` (commands, wall and training
-times, validation curves, held-out top-1/top-5, loader and training images/s) and ``OUT/report.png``
-(validation top-1 against training time and against steps). Extra ``key=value`` arguments go to both
-trainings; run directories go to ``--runs``.
+differ) with ``accelerate launch -m recipes.imagenet.train`` on ``--processes`` CPU processes
+(``--gpu``: GPUs), once per seed, and scores each final checkpoint with ``python -m eval.accuracy``.
+Before training it measures the data pipeline alone: the images per second that one rank's loader
+delivers with the preset's workers (and with ``--loader-workers``), no model. It writes
+``OUT/report.json`` (commands, wall and training times, validation curves, held-out top-1/top-5,
+loader and training images/s) and ``OUT/report.png`` (validation top-1 against training time and
+against steps). Extra ``key=value`` arguments go to both trainings; run directories go to ``--runs``.
 """
 
 from __future__ import annotations
+
+if not __package__:  # run as a file, `recipes` would not be importable
+    raise SystemExit(
+        f"{__file__} is a module of the recipes package: "
+        "run python -m recipes.imagenet.compare from the repository root"
+    )
 
 import argparse
 import dataclasses
@@ -25,19 +31,15 @@ import json
 import os
 import platform
 import shlex
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-sys.path.insert(0, str(HERE.parent))
-
-from imagenet import config, data  # noqa: E402
+from recipes.common.launch import accelerate_launch, environment, run_logged
+from recipes.common.run import step_name
+from recipes.imagenet import config, data
 
 ARMS = {"allreduce": "All-Reduce", "decentralized": "AccumAdam"}
 CPU_ENV = "ACCELERATE_USE_CPU=true OMP_NUM_THREADS=1 "
@@ -83,46 +85,27 @@ def loader_speed(cfg: config.Config, processes: int, workers: list[int]) -> dict
     }
 
 
-def free_port() -> int:
-    """A port no one listens on now: the default 29500 may be taken by another run on the machine."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def launch(
     preset: str, run: Path, seed: int, args: argparse.Namespace, extra: list[str]
-) -> tuple[list[str], float, subprocess.CompletedProcess[str]]:
+) -> tuple[list[str], float]:
+    """Train one run; return the command and its wall seconds (start-up included)."""
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
-        str(args.processes), "--num_machines", "1", "--main_process_port", str(free_port()),
-        "--dynamo_backend", "no", "--mixed_precision", "bf16" if args.gpu else "no",
-        str(HERE / "train.py"), "--preset", preset, f"data={args.data}", f"train.seed={seed}",
-        "--output-dir", str(run), *extra,
+        *accelerate_launch("recipes.imagenet.train", args.processes, gpu=args.gpu),
+        "--preset", preset, f"data={args.data}", f"train.seed={seed}", "--output-dir", str(run), *extra,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if not args.gpu:
-        env.update(ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1")
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
-    wall = time.perf_counter() - start
-    if done.returncode:
-        raise SystemExit(f"error: {shlex.join(command)} failed:\n{done.stderr[-4000:]}")
-    return command, wall, done
+    log = run.parent / f"{run.name}.log"
+    return command, run_logged(command, log, run.name, env=environment(gpu=args.gpu))
 
 
 def score(checkpoint: Path, data_dir: str, split: str) -> dict[str, Any]:
+    """``eval.accuracy`` of ``checkpoint``: its result, with the command."""
+    result = checkpoint.parent / f"{checkpoint.name}.{split}.json"
     command = [
-        sys.executable,
-        str(ROOT / "eval" / "accuracy.py"),
-        str(checkpoint),
-        "--data",
-        data_dir,
-        "--split",
-        split,
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
-    return {"command": shlex.join(command), **json.loads(done.stdout)}
+        sys.executable, "-m", "eval.accuracy", str(checkpoint), "--data", data_dir, "--split", split,
+        "--output", str(result),
+    ]  # fmt: skip
+    run_logged(command, checkpoint.parent / f"{checkpoint.name}.{split}.log", "accuracy", env=environment())
+    return {"command": shlex.join(command), **json.loads(result.read_text())}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -156,7 +139,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m recipes.imagenet.compare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--data", required=True, help="image folder (train/ and val/)")
     parser.add_argument("--allreduce-preset", default="mnist-resnet-small-allreduce")
@@ -194,10 +179,10 @@ def main(argv: list[str] | None = None) -> None:
             if run.exists():
                 raise SystemExit(f"error: {run} exists; remove it or pass another --runs")
             print(f"training {arm} (seed {seed}) -> {run}", flush=True)
-            command, wall, _ = launch(preset, run, seed, args, extra[arm])
+            command, wall = launch(preset, run, seed, args, extra[arm])
             curve = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
             last = curve[-1]
-            checkpoint = run / f"step-{last['step']}"
+            checkpoint = run / step_name(int(last["step"]))
             held_out = score(checkpoint, args.data, configs[arm].data.val_split)
             steps, train_seconds = int(last["step"]), float(last["train_seconds"])
             runs[arm].append({

@@ -1,23 +1,18 @@
 """The recipe's configuration: one small dataclass per section, with a docstring per field.
 
-Presets are the TOML files in ``presets/``; :mod:`recipe_config` (in ``recipes/``, shared by the
-recipes) loads one, applies ``section.key=value`` overrides from the command line and writes the
-effective configuration back as TOML.
+Presets are the TOML files in ``presets/``; :mod:`recipes.common.config` loads one, applies
+``section.key=value`` overrides from the command line and writes the effective configuration back
+as TOML.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # recipes/: the shared recipe_config
-import recipe_config
-from recipe_config import ConfigError
+from recipes.common.config import ConfigError, Presets, dump
 
-__all__ = ["Config", "ConfigError", "dump", "load", "presets"]
-
-PRESETS = Path(__file__).resolve().parent / "presets"
+__all__ = ["PRESETS", "Config", "ConfigError", "dump", "load"]
 
 
 @dataclass
@@ -81,8 +76,10 @@ class OptimConfig:
     """SGD momentum."""
     nesterov: bool = False
     """SGD: Nesterov momentum."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """Adam betas."""
+    betas_allreduce: tuple[float, float] = (0.9, 0.999)
+    """Adam betas of AdamW under All-Reduce (``algorithm = "adamw"``)."""
+    betas_decentralized: tuple[float, float] = (0.9, 0.999)
+    """Adam betas of AccumAdamW, decentralized or under A2CiD2."""
     eps: float = 1e-8
     """Adam epsilon."""
     weight_decay: float = 2.0**-15
@@ -117,16 +114,19 @@ class TrainConfig:
     """Length of the warm-up + cosine schedule in steps (0 = ``epochs`` worth of steps)."""
     seed: int = 0
     """Model initialisation, data order and augmentation."""
-    eval_batch: int = 256
-    """Images per evaluation batch and rank."""
+    val_batch: int = 256
+    """Images per validation batch and rank."""
     log_every: int = 100
     """Steps between progress and TensorBoard logs (loss, images/s, learning rate, consensus distance)."""
     eval_every: int = 1000
     """Steps between top-1/top-5 evaluations of the consensus model (and one at the end)."""
     save_every: int = 5000
     """Steps between checkpoints (and one at the end)."""
+    max_minutes: float = 0.0
+    """Also stop once this many minutes of training time have passed (0 = no limit); checked at every
+    log step. Training time includes waiting for data; logging, evaluation and saving are excluded."""
     keep_last: int = 3
-    """Checkpoints kept in the run directory; older ones are deleted."""
+    """Checkpoints kept in the run directory, the newest (0 = all); older ones are deleted."""
     mixed_precision: str = "auto"
     """``auto`` (bf16 on a GPU that supports it, else fp32), ``no``, ``bf16`` or ``fp16``."""
     output_dir: str = "runs/imagenet"
@@ -141,6 +141,6 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-presets = recipe_config.Presets(Config, PRESETS).names
-load = recipe_config.Presets(Config, PRESETS).load
-dump = recipe_config.dump
+PRESETS = Presets(Config, Path(__file__).resolve().parent / "presets")
+"""The files of ``presets/``: ``PRESETS.names()``, ``PRESETS.load(name, overrides)``."""
+load = PRESETS.load

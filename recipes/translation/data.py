@@ -182,6 +182,11 @@ def train_tokenizer(texts: Iterable[Iterable[str]], vocab_size: int, max_length:
     )
 
 
+def tokenizer_cache(cache_dir: str = "") -> Path:
+    """Where trained tokenizers are cached: ``cache_dir``, or ``~/.cache/decentadam/translation``."""
+    return Path(cache_dir) if cache_dir else Path.home() / ".cache" / "decentadam" / "translation"
+
+
 def build_tokenizer(
     texts: list[list[str]], vocab_size: int, cache_dir: str | os.PathLike[str], path: str = ""
 ) -> tuple[Any, Path]:

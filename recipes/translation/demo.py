@@ -2,7 +2,7 @@
 
 ::
 
-    python recipes/translation/demo.py            # `make demo`; about 5 minutes on 2 cores
+    python -m recipes.translation.demo            # `make demo`; about 5 minutes on 2 cores
 
 1. writes a synthetic English->German corpus (``synthetic.py``: 20,000 training pairs generated
    from the project's own small grammar and lexicon; no download, no third-party text) to
@@ -11,8 +11,8 @@
    launch`` on 4 CPU processes emulating 2 nodes x 2: once with All-Reduce (DDP + AdamW), once
    with ``decentadam``'s AccumAdam on the alternating exponential ring (AER), the same number of
    steps on the same data;
-3. translates the test set with beam search (``eval/bleu.py``) and prints both sacreBLEU scores
-   with the signature, and writes ``OUT/report.json`` and ``OUT/report.png`` (``compare.py``).
+3. translates the test set with beam search (``python -m eval.bleu``) and prints both sacreBLEU
+   scores with the signature, and writes ``OUT/report.json`` and ``OUT/report.png`` (``compare.py``).
 
 Four processes share two cores here, so the timings show this machine's overheads, not the speed-up
 on a cluster.
@@ -20,22 +20,30 @@ on a cluster.
 
 from __future__ import annotations
 
+if not __package__:  # run as a file, `recipes` would not be importable
+    raise SystemExit(
+        f"{__file__} is a module of the recipes package: "
+        "run python -m recipes.translation.demo from the repository root"
+    )
+
 import argparse
 import shutil
 import time
 from pathlib import Path
 
-import synthetic
-from compare import compare, summary
+from recipes.translation import synthetic
+from recipes.translation.compare import compare, summary
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m recipes.translation.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--out", default="runs/translation-demo", help="data, runs and report (replaced)")
     parser.add_argument("--steps", type=int, default=400, help="optimizer steps of each run")
-    parser.add_argument("--workers", type=int, default=4, help="CPU processes per run")
+    parser.add_argument("--processes", type=int, default=4, help="CPU processes per run")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for both runs")
     args = parser.parse_args()
     out = Path(args.out)
@@ -48,7 +56,7 @@ def main() -> None:
         str(data),
         args.steps,
         out,
-        workers=args.workers,
+        processes=args.processes,
         overrides=[f"data.cache_dir={out / 'cache'}", *args.overrides],
     )
     print(summary(report))

@@ -15,7 +15,7 @@ dative plurals (Bäume -> Bäumen), ``in dem`` -> ``im``, verb-second order afte
 
 ::
 
-    python recipes/translation/synthetic.py DIR          # train 20,000 / val 500 / test 500 pairs
+    python -m recipes.translation.synthetic DIR          # train 20,000 / val 500 / test 500 pairs
 
 writes ``DIR/{train,val,test}.{en,de}.gz``, the layout that ``data.read_local`` reads.
 """
@@ -198,16 +198,14 @@ def corpus(size: int, seed: int, exclude: set[str] | None = None) -> list[tuple[
     return pairs
 
 
-def write(
-    directory: str | Path, train: int = 20000, valid: int = 500, test: int = 500, seed: int = 0
-) -> Path:
+def write(directory: str | Path, train: int = 20000, val: int = 500, test: int = 500, seed: int = 0) -> Path:
     """Write ``{train,val,test}.{en,de}.gz`` into ``directory`` (disjoint splits); return it."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     test_pairs = corpus(test, seed + 2)
-    valid_pairs = corpus(valid, seed + 1, exclude={e for e, _ in test_pairs})
-    train_pairs = corpus(train, seed, exclude={e for e, _ in test_pairs + valid_pairs})
-    for split, pairs in (("train", train_pairs), ("val", valid_pairs), ("test", test_pairs)):
+    val_pairs = corpus(val, seed + 1, exclude={e for e, _ in test_pairs})
+    train_pairs = corpus(train, seed, exclude={e for e, _ in test_pairs + val_pairs})
+    for split, pairs in (("train", train_pairs), ("val", val_pairs), ("test", test_pairs)):
         for column, lang in enumerate(("en", "de")):
             # mtime=0: the same corpus gives the same bytes, so the tokenizer cache key is stable
             with (
@@ -224,8 +222,8 @@ if __name__ == "__main__":
     )
     parser.add_argument("directory")
     parser.add_argument("--train", type=int, default=20000)
-    parser.add_argument("--valid", type=int, default=500)
+    parser.add_argument("--val", type=int, default=500)
     parser.add_argument("--test", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    print(write(args.directory, args.train, args.valid, args.test, args.seed))
+    print(write(args.directory, args.train, args.val, args.test, args.seed))

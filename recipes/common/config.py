@@ -24,7 +24,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["ConfigError", "Presets", "dump", "load", "parse_override", "preset_names"]
+__all__ = [
+    "ConfigError",
+    "Presets",
+    "check_choice",
+    "check_positive",
+    "dump",
+    "load",
+    "parse_override",
+    "preset_names",
+]
 
 C = TypeVar("C")
 
@@ -94,6 +103,21 @@ def parse_override(config_type: type[Any], item: str) -> tuple[str, str, Any]:
     except tomllib.TOMLDecodeError:
         value = text
     return section, key, value
+
+
+def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    """Raise ConfigError unless ``value`` (of the setting ``name``) is one of ``allowed``."""
+    if value not in allowed:
+        raise ConfigError(f"{name} = {value!r}: expected one of {', '.join(allowed)}")
+
+
+def check_positive(section: Any, prefix: str, names: tuple[str, ...], *, zero: bool = False) -> None:
+    """Raise ConfigError unless each of ``names`` in ``section`` is positive (or 0, with ``zero``)."""
+    for name in names:
+        value = getattr(section, name)
+        if value < 0 or (value == 0 and not zero):
+            expected = "0 or a positive integer" if zero else "a positive integer"
+            raise ConfigError(f"{prefix}.{name} = {value}: expected {expected}")
 
 
 def dump(config: Any) -> str:

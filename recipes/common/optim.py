@@ -1,0 +1,103 @@
+"""The optimizer of a recipe's run, and the one parameter-group rule every optimizer gets.
+
+===================  ===========  ==================================================================
+``optim.optimizer``  algorithm    built here
+===================  ===========  ==================================================================
+``allreduce``        ``adamw``    ``torch.optim.AdamW`` (betas_allreduce); the recipe wraps the model
+                                  in DDP with ``accelerator.prepare``: every rank holds one model
+``allreduce``        ``sgd``      ``torch.optim.SGD`` with momentum, under DDP the same way
+``decentralized``    ``adamw``    ``decentadam.DecentralizedAdam`` (AccumAdamW, betas_decentralized,
+                                  window ``accum_steps``, ``topology``): each rank its own copy
+``a2cid2``           ``adamw``    ``decentadam.A2CiD2`` around a local ``AccumAdamW``
+``a2cid2``           ``sgd``      ``decentadam.A2CiD2`` around a local SGD with momentum
+===================  ===========  ==================================================================
+
+Parameter groups: weight decay on weight matrices and convolution kernels only, never on biases
+and normalisation weights, i.e. on no tensor of fewer than two dimensions (BatchNorm and LayerNorm
+weights and every bias are one-dimensional). AdamW and AccumAdamW decay decoupled, SGD as L2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from recipes.common.config import ConfigError
+
+__all__ = ["ALGORITHMS", "OPTIMIZERS", "build_optimizer", "is_decentralized", "param_groups"]
+
+OPTIMIZERS = ("allreduce", "decentralized", "a2cid2")
+ALGORITHMS = ("adamw", "sgd")
+
+
+def is_decentralized(optimizer: str) -> bool:
+    """Whether each rank keeps its own model (no DDP wrapper; evaluate and save the consensus)."""
+    return optimizer in ("decentralized", "a2cid2")
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Two groups: ``weight_decay`` on tensors of two or more dimensions, none on the others."""
+    named = list(model.named_parameters())
+    return [
+        {"params": [p for _, p in named if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for _, p in named if p.ndim < 2], "weight_decay": 0.0},
+    ]
+
+
+def build_optimizer(
+    model: nn.Module,
+    optimizer: str,
+    *,
+    algorithm: str = "adamw",
+    lr: float,
+    weight_decay: float,
+    betas_allreduce: tuple[float, float],
+    betas_decentralized: tuple[float, float],
+    eps: float,
+    momentum: float = 0.9,
+    nesterov: bool = False,
+    accum_steps: int = 1,
+    topology: str = "aer",
+    local_world_size: int = 0,
+    world_size: int = 1,
+    graph: str = "ring",
+    rate: float = 1.0,
+    seed: int = 0,
+) -> torch.optim.Optimizer:
+    """The optimizer of the table above for ``model`` (on its device already).
+
+    ``local_world_size`` 0 takes the launcher's ``LOCAL_WORLD_SIZE``; a value above ``world_size``
+    is capped to it (one node). Raises ConfigError for an unknown optimizer or algorithm, and for a
+    decentralized run with ``sgd`` (DecentralizedAdam is AccumAdamW).
+    """
+    from decentadam import A2CiD2, AccumAdamW, DecentralizedAdam
+
+    if optimizer not in OPTIMIZERS or algorithm not in ALGORITHMS:
+        raise ConfigError(
+            f"optim.optimizer = {optimizer!r}, optim.algorithm = {algorithm!r}: expected an optimizer of "
+            f"{', '.join(OPTIMIZERS)} and an algorithm of {', '.join(ALGORITHMS)}"
+        )
+    if optimizer == "decentralized" and algorithm != "adamw":
+        raise ConfigError(
+            f"optim.algorithm = {algorithm!r}: decentralized training runs DecentralizedAdam (AccumAdamW): "
+            "use optim.algorithm=adamw, or --optimizer a2cid2 for gossip around SGD"
+        )
+    groups = param_groups(model, weight_decay)
+    if optimizer == "decentralized":
+        return DecentralizedAdam(  # decentadam: each rank keeps its own copy, averaged with neighbours
+            groups, lr=lr, betas=betas_decentralized, eps=eps, weight_decay=weight_decay,
+            accum_steps=accum_steps, topology=topology,
+            local_world_size=min(local_world_size, world_size) if local_world_size else None,
+        )  # fmt: skip
+    local: torch.optim.Optimizer
+    if algorithm == "sgd":
+        local = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
+    elif optimizer == "a2cid2":
+        local = AccumAdamW(groups, lr=lr, betas=betas_decentralized, eps=eps, accum_steps=accum_steps)
+    else:
+        local = torch.optim.AdamW(groups, lr=lr, betas=betas_allreduce, eps=eps)
+    if optimizer == "a2cid2":  # decentadam: asynchronous gossip around the local step
+        return A2CiD2(local, graph=graph, rate=rate, seed=seed)
+    return local

@@ -1,0 +1,285 @@
+"""recipes.common: the command line, the run directory's one naming and keep_last rule, the optimizer
+builder's parameter groups, the training clock, the launch command. No process group needed."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from decentadam import DecentralizedAdam, checkpoint_files
+from recipes.common import cli, launch, loop, optim, run
+from recipes.common.config import ConfigError, Presets, check_choice, check_positive
+
+
+@dataclass
+class Optim:
+    optimizer: str = "decentralized"
+    """The optimizer."""
+    topology: str = "aer"
+    """The graph."""
+    accum_steps: int = 4
+    """The window."""
+    local_world_size: int = 0
+    """Ranks per node."""
+
+
+@dataclass
+class Train:
+    output_dir: str = "runs/x"
+    """The run directory."""
+    max_steps: int = 10
+    """Steps."""
+
+
+@dataclass
+class Config:
+    optim: Optim = field(default_factory=Optim)
+    train: Train = field(default_factory=Train)
+
+
+class FakeAccelerator:
+    """What RunDirectory and out_of_time use of an Accelerator, in one process."""
+
+    is_main_process = True
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.barriers = 0
+        self.gathered: list[torch.Tensor] = []
+
+    def wait_for_everyone(self) -> None:
+        self.barriers += 1
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.gathered.append(tensor)
+        return tensor
+
+
+def complete_checkpoint(path: Path, step: int) -> Path:
+    checkpoint_files.state_dir(path).mkdir(parents=True)
+    checkpoint_files.write_meta(path, checkpoint_files.RunShape(1, checkpoint_files.ALLREDUCE, None), step)
+    return path
+
+
+# The command line --------------------------------------------------------------------------------
+
+
+def test_flags_override_the_preset_and_the_overrides(tmp_path: Path) -> None:
+    (tmp_path / "mine.toml").write_text('[optim]\ntopology = "ring"\n[train]\nmax_steps = 3\n')
+    presets = Presets(Config, tmp_path)
+    args, cfg = cli.parse(
+        "recipes.x.train", "doc", presets, ("allreduce", "decentralized"),
+        ["train.max_steps=5", "--preset", "mine", "--accum-steps", "2", "optim.topology=complete",
+         "--output-dir", "out", "--resume", "--local-world-size", "2"],
+    )  # fmt: skip
+    assert args.resume and cfg.train.max_steps == 5 and cfg.train.output_dir == "out"
+    assert (cfg.optim.topology, cfg.optim.accum_steps, cfg.optim.local_world_size) == ("complete", 2, 2)
+    _, flagged = cli.parse("x", "doc", presets, ("allreduce",), ["--preset", "mine", "--topology", "ring"])
+    assert flagged.optim.topology == "ring" and flagged.optim.optimizer == "decentralized"
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        cli.parse("x", "doc", presets, ("allreduce",), ["--preset", "mine", "--optimizer", "decentralized"])
+
+
+def test_bad_input_is_one_line_from_rank_zero_and_exit_code_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def bad() -> None:
+        raise ConfigError("train.max_steps = 0: expected a positive integer")
+
+    for rank, printed in (("0", True), ("3", False)):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as stopped:
+            cli.exit_on_bad_input(bad, (ConfigError,))
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert (err == "error: train.max_steps = 0: expected a positive integer\n") is printed
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(SystemExit):
+        cli.exit_on_bad_input(bad, (ValueError,), any_rank=(ConfigError,))
+    assert capsys.readouterr().err.startswith("error: train.max_steps")
+
+
+def test_checks_name_the_setting_and_what_is_expected() -> None:
+    with pytest.raises(
+        ConfigError, match=r"optim\.optimizer = 'sgd': expected one of allreduce, decentralized"
+    ):
+        check_choice("optim.optimizer", "sgd", ("allreduce", "decentralized"))
+    with pytest.raises(ConfigError, match=r"train\.max_steps = 0: expected a positive integer"):
+        check_positive(Train(max_steps=0), "train", ("max_steps",))
+    check_positive(Train(max_steps=0), "train", ("max_steps",), zero=True)
+    with pytest.raises(ConfigError, match=r"train\.max_steps = -1: expected 0 or a positive integer"):
+        check_positive(Train(max_steps=-1), "train", ("max_steps",), zero=True)
+
+
+# The run directory --------------------------------------------------------------------------------
+
+
+def test_checkpoints_are_complete_numbered_directories_in_step_order(tmp_path: Path) -> None:
+    for step in (10, 9, 100):
+        complete_checkpoint(tmp_path / run.step_name(step), step)
+    complete_checkpoint(tmp_path / "checkpoint-50", 50)  # the Trainer integration's name
+    (tmp_path / "step-200" / "decentadam").mkdir(parents=True)  # no meta.json: an interrupted save
+    complete_checkpoint(tmp_path / ".step-300.incomplete", 300)  # a save's staging directory
+    complete_checkpoint(tmp_path / "best", 7)  # not numbered
+    assert [p.name for p in run.list_checkpoints(tmp_path)] == [
+        "step-9",
+        "step-10",
+        "checkpoint-50",
+        "step-100",
+    ]
+    assert run.list_checkpoints(tmp_path / "missing") == []
+
+
+def test_keep_last_keeps_the_newest_and_zero_keeps_all(tmp_path: Path) -> None:
+    accelerator = FakeAccelerator()
+    directory = run.RunDirectory(tmp_path, accelerator)  # type: ignore[arg-type]
+    for step in (1, 2, 3, 12):
+        complete_checkpoint(directory.checkpoint(step), step)
+    directory.prune(0)
+    assert len(run.list_checkpoints(tmp_path)) == 4
+    directory.prune(2)
+    assert [p.name for p in run.list_checkpoints(tmp_path)] == ["step-3", "step-12"]
+    assert accelerator.barriers == 2  # every rank waits for the deletion
+
+
+def test_a_new_run_refuses_checkpoints_and_resume_takes_the_newest(tmp_path: Path) -> None:
+    directory = run.RunDirectory(tmp_path / "run", FakeAccelerator())  # type: ignore[arg-type]
+    assert directory.resume_from(False) is None
+    with pytest.raises(ConfigError, match=r"--resume: .*run holds no checkpoint to resume from"):
+        directory.resume_from(True)
+    directory.write_config("[train]\n")
+    directory.record({"step": 2, "train_seconds": 1.5})
+    directory.record({"step": 4, "train_seconds": 3.0})
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [2, 4]
+    complete_checkpoint(directory.checkpoint(4), 4)
+    complete_checkpoint(directory.checkpoint(20), 20)
+    with pytest.raises(ConfigError, match=r"already holds checkpoints \(step-20\): pass --resume"):
+        directory.resume_from(False)
+    assert directory.resume_from(True) == tmp_path / "run" / "step-20"
+
+
+# The optimizer ------------------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 8)  # weight (8, 4): decayed; bias: not
+        self.conv = nn.Conv2d(8, 8, 3, bias=False)  # kernel (8, 8, 3, 3): decayed
+        self.norm = nn.LayerNorm(8)  # weight and bias: not decayed
+        self.batch_norm = nn.BatchNorm2d(8)  # weight and bias: not decayed
+        self.embedding = nn.Embedding(10, 4)  # (10, 4): decayed
+
+
+def test_one_parameter_group_rule_decays_matrices_and_kernels_only() -> None:
+    model = Block()
+    decay, no_decay = optim.param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert sorted(names[id(p)] for p in decay["params"]) == [
+        "conv.weight",
+        "embedding.weight",
+        "linear.weight",
+    ]
+    assert sorted(names[id(p)] for p in no_decay["params"]) == [
+        "batch_norm.bias", "batch_norm.weight", "linear.bias", "norm.bias", "norm.weight",
+    ]  # fmt: skip
+
+
+def settings(**changes: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "lr": 1e-3, "weight_decay": 0.1, "betas_allreduce": (0.9, 0.98), "betas_decentralized": (0.8, 0.999),
+        "eps": 1e-8, "accum_steps": 2, "topology": "complete",
+    }  # fmt: skip
+    return {**base, **changes}
+
+
+def test_the_builder_makes_each_optimizer_with_its_betas_and_the_groups() -> None:
+    adamw = optim.build_optimizer(Block(), "allreduce", **settings())
+    assert type(adamw) is torch.optim.AdamW and adamw.param_groups[0]["betas"] == (0.9, 0.98)
+    assert [g["weight_decay"] for g in adamw.param_groups] == [0.1, 0.0]
+    sgd = optim.build_optimizer(Block(), "allreduce", algorithm="sgd", momentum=0.8, **settings())
+    assert type(sgd) is torch.optim.SGD and sgd.param_groups[0]["momentum"] == 0.8
+    ours = optim.build_optimizer(Block(), "decentralized", **settings(local_world_size=4))
+    assert isinstance(ours, DecentralizedAdam) and ours.param_groups[0]["betas"] == (0.8, 0.999)
+    assert [g["weight_decay"] for g in ours.param_groups] == [0.1, 0.0] and ours.world_size == 1
+    ours.close()
+    with pytest.raises(ConfigError, match="decentralized training runs DecentralizedAdam"):
+        optim.build_optimizer(Block(), "decentralized", algorithm="sgd", **settings())
+    with pytest.raises(ConfigError, match=r"optim\.optimizer = 'ddp'"):
+        optim.build_optimizer(Block(), "ddp", **settings())
+    assert optim.is_decentralized("a2cid2") and not optim.is_decentralized("allreduce")
+    # A2CiD2 needs a process group: tests/test_imagenet_e2e.py builds it through this builder
+
+
+# The loop -----------------------------------------------------------------------------------------
+
+
+def test_the_clock_counts_only_between_start_and_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = iter([10.0, 12.0, 20.0, 21.5])  # start, stop (2 s), start after an evaluation, stop (1.5 s)
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(ticks))
+    clock = loop.TrainingClock(seconds=100.0)  # resumed from a checkpoint
+    clock.start()
+    assert clock.stop() == 102.0
+    clock.start()
+    assert clock.stop() == 103.5 and clock.seconds == 103.5
+    with pytest.raises(RuntimeError, match=r"stop\(\) without start\(\)"):
+        clock.stop()
+
+
+def test_precision_and_the_time_limit() -> None:
+    assert loop.mixed_precision("no") == "no" and loop.mixed_precision("fp16") == "fp16"
+    expected = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    assert loop.mixed_precision("auto") == expected
+    with pytest.raises(ConfigError, match=r"train\.mixed_precision = 'fp8': expected one of auto, no"):
+        loop.mixed_precision("fp8")
+    accelerator = FakeAccelerator()
+    assert not loop.out_of_time(accelerator, 1e9, 0.0)  # type: ignore[arg-type]
+    assert accelerator.gathered == []  # no limit: not even a collective
+    assert not loop.out_of_time(accelerator, 59.0, 1.0)  # type: ignore[arg-type]
+    assert loop.out_of_time(accelerator, 60.0, 1.0)  # type: ignore[arg-type]
+
+
+# The launch command -------------------------------------------------------------------------------
+
+
+def test_launch_command_runs_the_module_on_a_free_port_with_this_package_first() -> None:
+    command = launch.accelerate_launch("recipes.translation.train", 4)
+    assert command[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
+    assert command[-2:] == ["-m", "recipes.translation.train"]
+    assert command[command.index("--num_processes") + 1] == "4" and "--multi_gpu" in command
+    assert command[command.index("--mixed_precision") + 1] == "no"
+    port = int(command[command.index("--main_process_port") + 1])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))  # free: nobody listens there
+    single = launch.accelerate_launch("recipes.imagenet.train", 1, gpu=True)
+    assert "--multi_gpu" not in single and single[single.index("--mixed_precision") + 1] == "bf16"
+    env = launch.environment()
+    assert env["PYTHONPATH"].split(":")[0] == str(launch.ROOT) and env["ACCELERATE_USE_CPU"] == "true"
+    assert (launch.ROOT / "recipes" / "__init__.py").is_file() and (
+        launch.ROOT / "eval" / "contract.py"
+    ).is_file()
+
+
+def test_run_logged_echoes_progress_keeps_the_log_and_raises_with_its_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = "print('noise'); print('step 2  valid nll 1.0'); print('done: step 2')"
+    seconds = launch.run_logged([sys.executable, "-c", script], tmp_path / "a.log", "demo")
+    assert seconds > 0 and (tmp_path / "a.log").read_text().splitlines() == [
+        "noise", "step 2  valid nll 1.0", "done: step 2",
+    ]  # fmt: skip
+    echoed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  [demo]")]
+    assert echoed == ["  [demo] step 2  valid nll 1.0", "  [demo] done: step 2"]
+    failing = [sys.executable, "-c", "print('error: no data'); raise SystemExit(3)"]
+    with pytest.raises(RuntimeError, match=r"(?s)demo failed with exit code 3; .*error: no data"):
+        launch.run_logged(failing, tmp_path / "b.log", "demo")
