@@ -392,11 +392,12 @@ def _raise_if_failed(status: list[int], error: Exception | None, others_failed: 
 
 
 def _capture_rng() -> dict[str, Any]:
+    """Every RNG state, as the plain values a rank file holds (tensors, tuples, numbers)."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     try:
         import numpy
 
-        state["numpy"] = numpy.random.get_state()
+        state["numpy"] = files.plain_numpy_rng_state(numpy.random.get_state())
     except ImportError:
         pass
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
@@ -410,6 +411,6 @@ def _restore_rng(state: dict[str, Any]) -> None:
     if "numpy" in state:
         import numpy
 
-        numpy.random.set_state(state["numpy"])
+        numpy.random.set_state(files.numpy_rng_state(state["numpy"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

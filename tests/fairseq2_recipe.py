@@ -10,12 +10,18 @@ function of the seed, its rank and the batch index, so the data reader's state i
 Besides fairseq2's checkpoints, every rank writes ``OUTPUT_DIR/probe/rank<r>-<first step>.json``:
 the gradient norm of each step, and whether its first step's gradient is the gradient of its own
 mean loss.
+
+``CRASH_IN_SAVE_HOOK=<step>:<where>`` kills the processes inside the adapter's checkpoint save hook
+of step ``<step>``, after fairseq2 has committed the checkpoint: ``start`` on every rank before any
+of the adapter's files is written, ``meta`` on rank 0 just before ``meta.json``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +42,7 @@ from fairseq2.task import Task
 from fairseq2.trainer import TrainUnit
 from torch import Tensor, nn
 
+from decentadam import checkpoint_files
 from decentadam.integrations.fairseq2 import create_trainer
 
 
@@ -177,5 +184,21 @@ class TinyRecipe(Recipe):
         return TinyConfig
 
 
+def crash_in_save_hook(spec: str) -> None:
+    """Make the adapter's save hook of one step kill the process (see the module docstring)."""
+    step, where = spec.split(":")
+    target = {"start": "save_rank_state", "meta": "write_meta"}[where]
+    original = getattr(checkpoint_files, target)
+
+    def crash(path: Path, *args: Any, **kwargs: Any) -> Any:
+        if path.name == f"step_{step}":
+            os._exit(13)
+        return original(path, *args, **kwargs)
+
+    setattr(checkpoint_files, target, crash)
+
+
 if __name__ == "__main__":
+    if "CRASH_IN_SAVE_HOOK" in os.environ:
+        crash_in_save_hook(os.environ["CRASH_IN_SAVE_HOOK"])
     main(TinyRecipe())

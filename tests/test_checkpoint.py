@@ -460,8 +460,7 @@ def test_an_allreduce_run_saves_and_resumes_exactly(tmp_path: Path) -> None:
     files = sorted(p.name for p in (tmp_path / "ckpt" / "decentadam").iterdir())
     assert files == ["meta.json", "rank-00000.pt", "rank-00001.pt"]
     assert (
-        torch.load(tmp_path / "ckpt" / "decentadam" / "rank-00001.pt", weights_only=False)["optimizer"]
-        is None
+        torch.load(tmp_path / "ckpt" / "decentadam" / "rank-00001.pt", weights_only=True)["optimizer"] is None
     )
     resumed = run_distributed(allreduce_worker, 2, directory, "resume")
     for ours, reference in zip(resumed, straight, strict=True):

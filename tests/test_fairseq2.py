@@ -6,7 +6,9 @@ Runs in the fairseq2 environment only (``scripts/make-fairseq2-env``; ``.ci/run`
 
 Run A trains 8 steps from scratch, checkpointing at steps 4 (saved asynchronously) and 8. Run C
 resumes from A's step-4 checkpoint; runs B1/B2 train 4 steps (saved at the end, blocking) and resume
-to 8. Each rank's weights and optimizer state at step 8 must match A's bitwise.
+to 8. Each rank's weights and optimizer state at step 8 must match A's bitwise. Runs that crash inside
+the adapter's save hook, after fairseq2 committed the checkpoint, must leave a directory that the
+next run discards, and that next run must end as A did.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from unittest.mock import Mock
 
 import pytest
 
@@ -35,9 +38,10 @@ from fairseq2.recipe.config import (
     TrainerSection,
 )
 
-from decentadam.integrations.fairseq2 import DecentralizedAdamConfig, _check_supported
+from decentadam import checkpoint_files as files
+from decentadam.integrations.fairseq2 import DecentralizedAdamConfig, DecentralizedFacade, _check_supported
 
-pytestmark = pytest.mark.timeout(900)  # the module's runs: 4 torchrun launches of 2 processes
+pytestmark = pytest.mark.timeout(900)  # the module's runs: 4 torchrun launches of 2 processes, 4 more
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = str(ROOT / "tests" / "fairseq2_recipe.py")
@@ -67,8 +71,12 @@ DECENTRALIZED = "{lr: 1.0e-2, accum_steps: 2, topology: aer, local_world_size: 1
 
 
 def train(out: Path, steps: int, world: int = WORLD, optimizer: str = "decentralized_adam",
-          optimizer_config: str = DECENTRALIZED) -> None:  # fmt: skip
-    """Run the recipe with ``world`` processes into ``out`` (resuming from its last checkpoint, if any)."""
+          optimizer_config: str = DECENTRALIZED, crash: str | None = None) -> str:  # fmt: skip
+    """Run the recipe with ``world`` processes into ``out`` (resuming from its last checkpoint, if any).
+
+    ``crash``: ``<step>:<where>`` for the recipe's CRASH_IN_SAVE_HOOK; the run must then fail.
+    Returns the run's output.
+    """
     out.mkdir(parents=True, exist_ok=True)
     config = out.parent / f"{out.name}.yaml"
     config.write_text(CONFIG % {"optimizer": optimizer, "optimizer_config": optimizer_config, "steps": steps})
@@ -81,10 +89,14 @@ def train(out: Path, steps: int, world: int = WORLD, optimizer: str = "decentral
         "FAIRSEQ2_EXTENSION_TRACE": "1",  # an extension that fails to load raises instead of warning
         "PYTHONPATH": str(ROOT),
     }
+    if crash is not None:
+        env["CRASH_IN_SAVE_HOOK"] = crash
     process = subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, timeout=400, env=env, cwd=ROOT
     )
-    assert process.returncode == 0, process.stdout[-4000:] + process.stderr[-8000:]
+    output = process.stdout[-4000:] + process.stderr[-8000:]
+    assert (process.returncode != 0) == (crash is not None), output
+    return output
 
 
 def step_dir(out: Path, step: int) -> Path:
@@ -93,7 +105,7 @@ def step_dir(out: Path, step: int) -> Path:
 
 def rank_state(out: Path, step: int, rank: int) -> dict[str, Any]:
     state: dict[str, Any] = torch.load(
-        step_dir(out, step) / "decentadam" / f"rank-{rank:05d}.pt", weights_only=False
+        step_dir(out, step) / "decentadam" / f"rank-{rank:05d}.pt", weights_only=True
     )
     return state
 
@@ -158,8 +170,13 @@ def test_checkpoint_model_is_the_consensus_and_each_rank_keeps_its_own(runs: dic
 def test_resume_continues_exactly(runs: dict[str, Path], resumed: str) -> None:
     """C resumed from an asynchronously saved checkpoint, B from one saved at the end of training."""
     assert probe(runs[resumed], 0, first_step=4)["first_step"] == 4  # it did resume, at step 4
+    assert_same_run(runs[resumed], runs["a"])
+
+
+def assert_same_run(out: Path, reference: Path) -> None:
+    """Each rank's weights and optimizer state, and the consensus model, at step 8: bitwise the same."""
     for rank in range(WORLD):
-        expected, got = rank_state(runs["a"], 8, rank), rank_state(runs[resumed], 8, rank)
+        expected, got = rank_state(reference, 8, rank), rank_state(out, 8, rank)
         for key, value in expected["model"].items():
             torch.testing.assert_close(got["model"][key], value, rtol=0, atol=0)
         want, have = expected["optimizer"], got["optimizer"]
@@ -167,9 +184,51 @@ def test_resume_continues_exactly(runs: dict[str, Path], resumed: str) -> None:
         for index, param_state in want["state"].items():
             for name, tensor in param_state.items():
                 torch.testing.assert_close(have["state"][index][name], tensor, rtol=0, atol=0)
-    consensus, reference = saved_model(runs[resumed], 8), saved_model(runs["a"], 8)
-    for key, value in reference.items():
+    consensus, expected_consensus = saved_model(out, 8), saved_model(reference, 8)
+    for key, value in expected_consensus.items():
         torch.testing.assert_close(consensus[key], value, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("crash", "resumes_at"),
+    [
+        ("8:start", 4),  # the blocking save at the end; nothing of ours written: rank 0's own weights
+        ("4:meta", 0),  # the asynchronous save, consensus and rank files written, no meta.json
+    ],
+)
+def test_a_crash_in_the_save_hook_leaves_a_checkpoint_the_next_run_discards(
+    runs: dict[str, Path], tmp_path: Path, crash: str, resumes_at: int
+) -> None:
+    out = tmp_path / "crashed"
+    train(out, steps=8, crash=crash)
+    step = int(crash.split(":")[0])
+    committed = step_dir(out, step)
+    assert (committed / "trainer").is_dir(), "fairseq2 committed the checkpoint before its hook ran"
+    assert files.is_unfinished(committed) and not files.is_checkpoint(committed)
+    if crash.endswith("start"):  # the model file is rank 0's own weights: what a resume must not use
+        own = rank_state(runs["a"], step, 0)["model"]
+        assert all(torch.equal(value, own[key]) for key, value in saved_model(out, step).items())
+
+    shutil.rmtree(out / "probe")  # the next run's probe records only
+    output = train(out, steps=8)
+    assert "never completed" in output  # the warning naming the discarded checkpoint
+    assert probe(out, 0, first_step=resumes_at)["first_step"] == resumes_at
+    assert not any(files.is_unfinished(d) for d in (out / "checkpoints").glob("step_*"))
+    assert_same_run(out, runs["a"])
+
+
+def test_an_unfinished_checkpoint_is_refused_at_load(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The load hook's guard, for a directory that turns up after the optimizer's start."""
+    out = tmp_path / "late"
+    shutil.copytree(runs["a"], out, ignore=shutil.ignore_patterns("probe"))
+    facade = DecentralizedFacade.__new__(DecentralizedFacade)  # the load hook's inputs only
+    facade._restoring = False
+    facade.optimizer = Mock()
+    facade.checkpoint_dir = out / "checkpoints"
+    facade.checkpoint_manager = Mock(maybe_get_last_step_number=Mock(return_value=8))
+    files.meta_file(step_dir(out, 8)).unlink()
+    with pytest.raises(RuntimeError, match=r"refusing to resume from .*step_8"):
+        facade._after_load(Mock())
 
 
 def test_accum_adamw_by_name_in_one_process(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import warnings
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -209,9 +210,31 @@ def _decentralized(resolver: DependencyResolver, config: DecentralizedAdamConfig
             "shared) file system; each rank writes its own state file beside fairseq2's checkpoint. Pass a "
             "--checkpoint-dir that every rank sees as a path."
         )
+    _discard_unfinished(manager, checkpoint_dir, gangs)  # before the trainer picks a step to resume from
     facade = DecentralizedFacade(dp_model, module, optimizer, manager, checkpoint_dir)
     set_data_parallel_facade(dp_model, facade)  # the trainer asks the model's facade for state and norms
     return optimizer
+
+
+def _discard_unfinished(manager: CheckpointManager, checkpoint_dir: Path, gangs: Gangs) -> None:
+    """Delete the checkpoints whose save hook did not finish: a crash after fairseq2 committed them.
+
+    Such a ``step_N`` holds rank 0's own weights (or the consensus) and rank 0's optimizer state,
+    but not every rank's state: resuming from it would silently restart every rank from rank 0's
+    weights. The trainer then resumes from the last complete checkpoint (or starts afresh).
+    """
+    unfinished = [
+        step for step in manager.get_step_numbers() if files.is_unfinished(checkpoint_dir / f"step_{step}")
+    ]
+    gangs.root.barrier()  # every rank has looked before rank 0 deletes anything
+    for step in unfinished:
+        if gangs.root.rank == 0:
+            _warn(
+                f"{checkpoint_dir / f'step_{step}'} was committed by fairseq2 but its decentadam part was "
+                "never completed (the run stopped inside the checkpoint save hook): deleting it; training "
+                "resumes from the last complete checkpoint."
+            )
+        manager.delete_checkpoint(step)  # a collective: rank 0 deletes, every rank waits
 
 
 def _check_supported(gangs: Gangs, trainer: TrainerSection, model: ModelSection) -> None:
@@ -347,7 +370,16 @@ class DecentralizedFacade(DataParallelFacade):
     # ------------------------------------------------------------ DataParallelFacade
 
     def state_dict(self) -> dict[str, object]:
-        """This rank's weights (fairseq2 saves rank 0's; the save hook replaces them by the consensus)."""
+        """This rank's weights (fairseq2 saves rank 0's; the save hook replaces them by the consensus).
+
+        fairseq2 asks while it stages a checkpoint in ``step_N.tmp``, which it commits before the
+        save hook runs. The staged directory is claimed first (``files.mark_unfinished``): if the run
+        stops before the hook has finished, the committed ``step_N`` is recognised as unfinished, and
+        the next run deletes it instead of resuming from it.
+        """
+        for staged in self.checkpoint_dir.glob("step_*.tmp"):
+            if staged.is_dir():
+                files.mark_unfinished(staged)
         state: dict[str, object] = self.module.state_dict()  # as fairseq2's own DDP facade: with _metadata
         return state
 
@@ -439,6 +471,9 @@ class DecentralizedFacade(DataParallelFacade):
             # the completion marker, last: a resume trusts the per-rank files only once it is there
             shape = files.RunShape.of(opt, opt.world_size)
             files.write_meta(step_dir, shape, opt.step_count, {"fairseq2_step": args.step_nr})
+            files.unmark_unfinished(step_dir)
+        elif opt.rank == 0:  # a model-only checkpoint: complete once it holds the consensus
+            shutil.rmtree(files.state_dir(step_dir), ignore_errors=True)
         _failed_ranks(opt, False)  # nobody reads the marker before rank 0 has written it
 
     def _after_load(self, _optimizer: Optimizer) -> None:
@@ -450,6 +485,12 @@ class DecentralizedFacade(DataParallelFacade):
             return
         step_dir = self.checkpoint_dir.joinpath(f"step_{step}")
         opt = self.optimizer
+        if files.is_unfinished(step_dir):  # appeared after the optimizer's start discarded the others
+            raise RuntimeError(
+                f"{DECENTRALIZED_ADAM}: refusing to resume from {step_dir}: its save stopped before every "
+                "rank's state was written, and its model file may be rank 0's own weights. Delete it (or "
+                "run again: a new run deletes it at start) to resume from the last complete checkpoint."
+            )
         if not files.is_checkpoint(step_dir):
             _warn(
                 f"{step_dir} has no per-rank decentadam state: every rank resumes from the consensus "
