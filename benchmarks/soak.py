@@ -280,6 +280,11 @@ def check(summary: dict[str, Any], rss_bound_mib: float) -> list[str]:
                 f"{where}: RSS grew {row['rss_growth_mib']:.2f} MiB after warm-up (> {rss_bound_mib})"
             )
         for metric in METRICS:
+            if row["closed"][metric] != row["before"][metric]:
+                problems.append(
+                    f"{where}: {metric} {row['closed'][metric]} after close(), "
+                    f"{row['before'][metric]} before the optimizer was built"
+                )
             if row["released"][metric] != row["before"][metric]:
                 problems.append(
                     f"{where}: {metric} {row['released'][metric]} once the closed optimizer was dropped, "

@@ -339,6 +339,8 @@ class DecentralizedAdam(Optimizer):
             self._backward = None
         if isinstance(self.communicator, Closable):
             self.communicator.close()
+        for bucket in self._buckets:  # a finished exchange's handle still holds its group's gloo context
+            bucket.handle = None
 
     def __enter__(self) -> DecentralizedAdam:
         return self

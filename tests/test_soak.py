@@ -68,11 +68,13 @@ def test_check_names_what_grew() -> None:
     grown["samples"][3]["fd_kinds"]["socket"] += 1
     grown["samples"][4]["rss_mib"] += 3.0
     grown["released"] = {**grown["released"], "process_groups": 2}
+    grown["closed"] = {**grown["closed"], "os_threads": 5}
     summary = soak.summarize("aer-step", [grown], warmup=1)
     problems = soak.check(summary, rss_bound_mib=2.0)
     assert problems == [
         "aer-step rank 0: fds changed by [1] after warm-up",
         "aer-step rank 0: RSS grew 3.00 MiB after warm-up (> 2.0)",
+        "aer-step rank 0: os_threads 5 after close(), 4 before the optimizer was built",
         "aer-step rank 0: process_groups 2 once the closed optimizer was dropped, 1 before it was built",
     ]
     assert summary["ranks"][0]["fd_changes"] == [{"step": 3, "kinds": {"socket": 1}}]
