@@ -34,6 +34,7 @@ __all__ = ["CommStats", "DecentralizedAdam", "LocalUpdate"]
 logger = logging.getLogger(__name__)
 
 Overlap = Literal["step", "backward"]
+SecondMoment = Literal["all_ranks", "local"]
 LocalUpdate = Callable[[dict[Tensor, dict[str, Any]], dict[str, Any], list[Tensor]], None]
 """``fn(state, group, params)``: update ``params`` (those of one bucket with a gradient) in place."""
 
@@ -75,6 +76,15 @@ class DecentralizedAdam(Optimizer):
     gradient, computed at ``x_i(t)``: the decoupled weight decay applies to the mixed parameters, as
     the update runs right after the mixing. Adam moments never leave the rank.
 
+    Second moment. A rank's gradient comes from a ``1/n`` share of the global batch, so it holds
+    ``n`` times the noise variance of the mean gradient that All-Reduce's Adam divides by; with its
+    own second moment every rank takes shorter steps wherever noise dominates (rare tokens, the
+    softmax), and the average of the ranks' steps is shorter than All-Reduce's step.
+    ``second_moment="all_ranks"`` (the default) removes that share on each rank from an estimate of
+    its own gradient noise (AccumAdamW with ``noise_ranks = n``, the world size; no communication,
+    one more buffer per parameter); ``"local"`` keeps each rank's own second moment (DAdam, and with
+    ``accum_steps > 1`` the AccumAdam of Wang et al.). docs/parity.md has the measurements.
+
     Communication overlaps compute: at the end of step ``t`` each bucket of parameters
     (:mod:`decentadam.buckets`) starts an asynchronous sum of ``x_i(t+1)`` over its group of step
     ``t+1`` (:mod:`decentadam.collectives`), which travels during the next forward/backward; step
@@ -92,7 +102,9 @@ class DecentralizedAdam(Optimizer):
     Args:
         params: parameters or parameter groups (as for torch optimizers).
         lr, betas, eps, weight_decay, accum_steps: AccumAdamW hyper-parameters (see
-            :class:`decentadam.AccumAdamW`).
+            :class:`decentadam.AccumAdamW`); ``accum_steps > 1`` needs ``second_moment="local"``.
+        second_moment: ``"all_ranks"`` (estimate the second moment of the mean gradient over all
+            ranks) or ``"local"`` (each rank's own); see above.
         topology: a name for :func:`decentadam.topology.build` or a built :class:`Topology`.
         local_world_size: ranks per node for node-aware topologies ("aer"); default: the
             ``LOCAL_WORLD_SIZE`` environment variable set by torchrun / accelerate launch, else 1.
@@ -119,12 +131,13 @@ class DecentralizedAdam(Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
-        accum_steps: int = 4,
+        accum_steps: int = 1,
         topology: str | Topology = "aer",
         local_world_size: int | None = None,
         bucket_size_mb: float = 25.0,
         process_group: torch.distributed.ProcessGroup | None = None,
         *,
+        second_moment: SecondMoment = "all_ranks",
         overlap: Overlap = "step",
         foreach: bool | None = None,
         timeout: float | None = None,
@@ -132,6 +145,14 @@ class DecentralizedAdam(Optimizer):
         communicator: Communicator | None = None,
         local_update: LocalUpdate | None = None,
     ) -> None:
+        if second_moment not in ("all_ranks", "local"):
+            raise ValueError(f"second_moment must be 'all_ranks' or 'local', got {second_moment!r}")
+        if second_moment == "all_ranks" and accum_steps > 1:  # checked at any world size
+            raise ValueError(
+                f"second_moment='all_ranks' corrects the second moment of single-step gradients, but "
+                f"accum_steps={accum_steps}: use accum_steps=1 with it, or second_moment='local' to keep "
+                "AccumAdam's accumulation window"
+            )
         defaults = make_defaults(lr, betas, eps, weight_decay, accum_steps, foreach)
         if not bucket_size_mb > 0:
             raise ValueError(f"bucket_size_mb must be > 0, got {bucket_size_mb}")
@@ -155,6 +176,8 @@ class DecentralizedAdam(Optimizer):
         if local_world_size is None:
             local_world_size = min(distributed.env_local_world_size(), world_size)
         self.topology = resolve(topology, world_size, local_world_size)
+        self.second_moment: SecondMoment = second_moment
+        self._set_noise_ranks()
         self.timeout = NO_TIMEOUT if timeout is None else timedelta(seconds=timeout)
         all_params = [p for group in self.param_groups for p in group["params"]]
         if communicator is None:
@@ -259,6 +282,19 @@ class DecentralizedAdam(Optimizer):
                 f"(waited at most {limit}); a peer process probably died or stalled. Check the other "
                 f"ranks' logs. Cause: {error}"
             ) from error
+
+    def _set_noise_ranks(self) -> None:
+        """AccumAdamW's ``noise_ranks`` of every group, from ``second_moment`` and the world size."""
+        all_ranks = self.second_moment == "all_ranks"
+        noise_ranks = self.topology.world_size if all_ranks else 1
+        self.defaults["noise_ranks"] = noise_ranks
+        for group in self.param_groups:
+            if all_ranks and group["accum_steps"] > 1:  # checked at any world size
+                raise ValueError(
+                    f"second_moment='all_ranks' needs accum_steps=1, but a param group has "
+                    f"accum_steps={group['accum_steps']}: drop it from the group or use second_moment='local'"
+                )
+            group["noise_ranks"] = noise_ranks
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group while the optimizer is built; afterwards this raises (the buckets are fixed)."""
@@ -370,6 +406,7 @@ class DecentralizedAdam(Optimizer):
         state = super().state_dict()
         state["decentralized"] = {
             "step": self._step,
+            "second_moment": self.second_moment,
             "topology": self.topology.name,
             "world_size": self.world_size,
             "local_world_size": self.topology.local_world_size,
@@ -381,6 +418,7 @@ class DecentralizedAdam(Optimizer):
         state_dict = dict(state_dict)
         extra = state_dict.pop("decentralized", None)
         super().load_state_dict(state_dict)
+        self._set_noise_ranks()  # the saved groups' value may be another world size's, or missing
         if extra is not None:
             if extra["world_size"] != self.world_size or extra["topology"] != self.topology.name:
                 saved, now = (extra["topology"], extra["world_size"]), (self.topology.name, self.world_size)

@@ -52,7 +52,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=30, help="linear warm-up steps, then inverse sqrt")
     parser.add_argument("--topology", default="aer", help="complete, ring, one-peer-exp or aer")
-    parser.add_argument("--accum-steps", type=int, default=4, help="AccumAdam window s")
+    parser.add_argument(
+        "--second-moment", choices=("all_ranks", "local"), default="all_ranks", help="DecentralizedAdam's"
+    )
+    parser.add_argument("--accum-steps", type=int, default=1, help="AccumAdam window s (second moment local)")
     parser.add_argument("--log-every", type=int, default=50, help="steps between logs and evaluations")
     parser.add_argument("--output-dir", help="write a checkpoint here at the end")
     parser.add_argument("--resume", help="continue from this checkpoint")
@@ -82,7 +85,7 @@ def main() -> None:
     model = tiny_gpt2(vocabulary, args.block).to(accelerator.device)  # on its device before the optimizer
     optimizer = DecentralizedAdam(  # decentadam
         model.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=0.01,
-        accum_steps=args.accum_steps, topology=args.topology,
+        accum_steps=args.accum_steps, second_moment=args.second_moment, topology=args.topology,
     )  # fmt: skip
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda t: min((t + 1) / args.warmup, math.sqrt(args.warmup / (t + 1)))

@@ -37,7 +37,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--block", type=int, default=64)
     parser.add_argument("--topology", default="aer")
-    parser.add_argument("--accum-steps", type=int, default=4)
+    parser.add_argument("--second-moment", choices=("all_ranks", "local"), default="all_ranks")
+    parser.add_argument("--accum-steps", type=int, default=1, help="AccumAdam window s (second moment local)")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     return parser.parse_args()
@@ -72,7 +73,9 @@ def main() -> None:
         args=training,
         train_dataset=CharDataset(train_text, vocabulary, args.block),
         eval_dataset=CharDataset(val_text, vocabulary, args.block),
-        decentralized=DecentralizedArguments(topology=args.topology, accum_steps=args.accum_steps),
+        decentralized=DecentralizedArguments(
+            topology=args.topology, second_moment=args.second_moment, accum_steps=args.accum_steps
+        ),
     )
     trainer.train(resume_from_checkpoint=True if args.resume else None)
     trainer.save_model()  # the consensus model: GPT2LMHeadModel.from_pretrained(output_dir) loads it

@@ -72,7 +72,7 @@ def loop(out: dict[str, Any]) -> None:
     accelerator.init_trackers("test")
     model = make_model()
     optimizer = DecentralizedAdam(
-        model.parameters(), lr=1e-2, topology="aer", local_world_size=2, accum_steps=2
+        model.parameters(), lr=1e-2, topology="aer", local_world_size=2, accum_steps=2, second_moment="local"
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0 / (1 + t))
     loader = make_loader(samples=4 * 4 * ACCUM * 8)  # 8 optimizer steps per rank

@@ -1,4 +1,5 @@
-"""AccumAdamW: == torch AdamW for accum_steps=1, foreach == for-loop, the formula for s > 1, state."""
+"""AccumAdamW: == torch AdamW for accum_steps=1, foreach == for-loop, the formulas for s > 1 and for the
+second moment of a mean of n gradients, state."""
 
 from __future__ import annotations
 
@@ -44,12 +45,79 @@ def test_accum_steps_1_equals_torch_adamw(foreach: bool) -> None:
     torch.testing.assert_close(params_of(ours), params_of(theirs), rtol=0, atol=1e-13)
 
 
-@pytest.mark.parametrize("accum_steps", [1, 3, 4])
-def test_foreach_equals_for_loop(accum_steps: int) -> None:
+@pytest.mark.parametrize(("accum_steps", "noise_ranks"), [(1, 1), (3, 1), (4, 1), (1, 4), (1, 16)])
+def test_foreach_equals_for_loop(accum_steps: int, noise_ranks: int) -> None:
     a, b = make_model(), make_model()
-    train(a, AccumAdamW(groups(a, 0.05), lr=1e-2, accum_steps=accum_steps, foreach=False), 37)
-    train(b, AccumAdamW(groups(b, 0.05), lr=1e-2, accum_steps=accum_steps, foreach=True), 37)
+    kwargs = {"lr": 1e-2, "accum_steps": accum_steps, "noise_ranks": noise_ranks}
+    train(a, AccumAdamW(groups(a, 0.05), **kwargs, foreach=False), 37)
+    train(b, AccumAdamW(groups(b, 0.05), **kwargs, foreach=True), 37)
     torch.testing.assert_close(params_of(a), params_of(b), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_noise_ranks_matches_the_formula(foreach: bool) -> None:
+    """A separate, plain implementation of the corrected second moment on one flat vector."""
+    lr, beta1, beta2, eps, wd, n = 1e-2, 0.9, 0.98, 1e-8, 0.1, 4
+    x0 = torch.randn(50, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    trend = torch.linspace(-1.0, 1.0, 50, dtype=torch.float64)
+    gradients = [
+        trend + torch.randn(50, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+        for i in range(30)
+    ]
+    param = nn.Parameter(x0.clone())
+    optimizer = AccumAdamW([param], lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd, noise_ranks=n)
+    for g in gradients:
+        param.grad = g.clone()
+        optimizer.step()
+
+    x, m, v, noise = (
+        x0.clone(),
+        torch.zeros(50, dtype=torch.float64),
+        torch.zeros(50, dtype=torch.float64),
+        0.0,
+    )
+    floored = 0
+    for t, g in enumerate(gradients, start=1):
+        if t > 1:
+            deviation = g - m / (1 - beta1 ** (t - 1))
+            noise = beta2 * noise + (1 - beta2) * (1 + beta1) / 2 * deviation**2
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g**2
+        v_hat = v / (1 - beta2**t)
+        if t > 1:
+            corrected = v_hat - (1 - 1 / n) * noise / (1 - beta2 ** (t - 1))
+            floored += int((corrected < v_hat / n).sum())
+            v_hat = torch.maximum(corrected, v_hat / n)
+        x = x * (1 - lr * wd) - lr * (m / (1 - beta1**t)) / (v_hat.sqrt() + eps)
+    torch.testing.assert_close(param.detach(), x, rtol=0, atol=1e-13)
+    assert 0 < floored < 29 * 50, "the test should exercise both sides of the floor"
+
+
+def mean_step(noise_ranks: int, mean: float, std: float, steps: int = 400) -> float:
+    """Mean |update| / lr per coordinate over the last half of ``steps`` AccumAdamW steps on
+    gradients ``mean + std * N(0, 1)`` (the parameter does not influence them)."""
+    param = nn.Parameter(torch.zeros(2000, dtype=torch.float64))
+    optimizer = AccumAdamW([param], lr=1.0, betas=(0.9, 0.98), noise_ranks=noise_ranks)
+    generator = torch.Generator().manual_seed(0)
+    total = 0.0
+    for step in range(steps):
+        before = param.detach().clone()
+        param.grad = mean + std * torch.randn(2000, dtype=torch.float64, generator=generator)
+        optimizer.step()
+        if step >= steps // 2:
+            total += float((param.detach() - before).abs().mean())
+    return total / (steps - steps // 2)
+
+
+def test_noise_ranks_takes_the_step_of_the_mean_of_n_gradients() -> None:
+    """Where noise dominates, the step of n=4 is about sqrt(4) times a rank's own Adam step, as
+    All-Reduce's over 4 ranks would be; where the mean dominates, it is the same step."""
+    noisy = mean_step(4, mean=0.0, std=1.0) / mean_step(1, mean=0.0, std=1.0)
+    assert 1.6 < noisy <= 2.0 + 1e-9
+    averaged = mean_step(1, mean=0.0, std=0.5) / mean_step(1, mean=0.0, std=1.0)  # std / sqrt(4): same ratio
+    assert averaged == pytest.approx(1.0, abs=0.05)
+    clean = mean_step(4, mean=1.0, std=0.01) / mean_step(1, mean=1.0, std=0.01)
+    assert clean == pytest.approx(1.0, abs=0.01)
 
 
 def test_accum_steps_4_matches_the_formula() -> None:
@@ -128,6 +196,23 @@ def test_state_dict_round_trip_mid_window(foreach: bool) -> None:
     torch.testing.assert_close(params_of(resumed), params_of(straight), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("foreach", [False, True])
+def test_state_dict_round_trip_with_noise_ranks(foreach: bool) -> None:
+    straight = make_model()
+    train(straight, AccumAdamW(groups(straight, 0.1), lr=1e-2, noise_ranks=8, foreach=foreach), 14)
+    first = make_model()
+    optimizer = AccumAdamW(groups(first, 0.1), lr=1e-2, noise_ranks=8, foreach=foreach)
+    train(first, optimizer, 6)
+    saved_model, saved_optimizer = copy.deepcopy(first.state_dict()), copy.deepcopy(optimizer.state_dict())
+    assert set(next(iter(saved_optimizer["state"].values()))) == {"step", "exp_avg", "exp_avg_sq", "noise_sq"}
+    resumed = make_model()
+    resumed.load_state_dict(saved_model)
+    optimizer = AccumAdamW(groups(resumed, 0.1), lr=1e-2, noise_ranks=8, foreach=foreach)
+    optimizer.load_state_dict(saved_optimizer)
+    train(resumed, optimizer, 8, offset=6)
+    torch.testing.assert_close(params_of(resumed), params_of(straight), rtol=0, atol=0)
+
+
 def test_parameters_without_grad_are_skipped() -> None:
     used, unused = nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(3))
     optimizer = AccumAdamW([used, unused], lr=0.1, accum_steps=2)
@@ -146,6 +231,9 @@ def test_parameters_without_grad_are_skipped() -> None:
         ({"weight_decay": -0.1}, "weight_decay"),
         ({"accum_steps": 0}, "accum_steps must be an integer >= 1"),
         ({"accum_steps": 2.5}, "accum_steps must be an integer >= 1"),
+        ({"noise_ranks": 0}, "noise_ranks must be an integer >= 1"),
+        ({"noise_ranks": True}, "noise_ranks must be an integer >= 1"),
+        ({"noise_ranks": 4, "accum_steps": 2}, "use accum_steps=1 with it"),
     ],
 )
 def test_bad_hyperparameters_name_the_problem(kwargs: dict[str, object], match: str) -> None:

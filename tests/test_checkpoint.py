@@ -31,7 +31,11 @@ def make_model(seed: int) -> nn.Module:
 
 def make_training(model: nn.Module) -> tuple[DecentralizedAdam, torch.optim.lr_scheduler.LambdaLR]:
     optimizer = DecentralizedAdam(
-        model.parameters(), lr=1e-2, weight_decay=0.01, accum_steps=2, topology="aer", local_world_size=2
+        model.parameters(),
+        lr=1e-2,
+        weight_decay=0.01,  # the default second moment: its noise estimate must resume exactly too
+        topology="aer",
+        local_world_size=2,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / 3))
     return optimizer, scheduler

@@ -66,6 +66,7 @@ def cuda_worker(rank: int, world_size: int, name: str, local_world_size: int) ->
         betas=BETAS,
         eps=EPS,
         accum_steps=4,
+        second_moment="local",
         topology=name,
         local_world_size=local_world_size,
         bucket_size_mb=1e-4,

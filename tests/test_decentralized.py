@@ -21,27 +21,35 @@ from tests.distributed_harness import run_distributed
 STEPS = 30
 LR, BETAS, EPS, WD = 3e-2, (0.9, 0.999), 1e-8, 0.05
 
-# (topology, local_world_size, accum_steps, overlap)
+# (topology, local_world_size, accum_steps, overlap, second_moment)
 CONFIGS_4 = [
-    ("complete", 1, 4, "step"),
-    ("ring", 1, 4, "step"),
-    ("one-peer-exp", 1, 4, "step"),
-    ("aer", 2, 4, "step"),
-    ("aer", 1, 1, "step"),
-    ("aer", 2, 4, "backward"),
-    ("ring", 1, 2, "backward"),
-    ("aer", 2, 4, "resume:step"),  # rebuilt from state_dicts half-way
-    ("aer", 2, 4, "resume:backward"),
-    ("aer", 2, 4, "reload:backward"),  # load_state_dict into the running, calibrated optimizer
+    ("complete", 1, 4, "step", "local"),
+    ("ring", 1, 4, "step", "local"),
+    ("one-peer-exp", 1, 4, "step", "local"),
+    ("aer", 2, 4, "step", "local"),
+    ("aer", 1, 1, "step", "local"),
+    ("aer", 2, 4, "backward", "local"),
+    ("ring", 1, 2, "backward", "local"),
+    ("aer", 2, 4, "resume:step", "local"),  # rebuilt from state_dicts half-way
+    ("aer", 2, 4, "resume:backward", "local"),
+    ("aer", 2, 4, "reload:backward", "local"),  # load_state_dict into the running, calibrated optimizer
+    ("complete", 1, 1, "step", "all_ranks"),
+    ("ring", 1, 1, "step", "all_ranks"),
+    ("aer", 2, 1, "step", "all_ranks"),
+    ("aer", 2, 1, "backward", "all_ranks"),
+    ("aer", 2, 1, "resume:step", "all_ranks"),
 ]
 CONFIGS_8 = [
-    ("complete", 1, 4, "step"),
-    ("ring", 1, 4, "step"),
-    ("one-peer-exp", 1, 4, "step"),
-    ("aer", 2, 4, "step"),
-    ("aer", 4, 4, "step"),
-    ("aer", 2, 4, "backward"),
+    ("complete", 1, 4, "step", "local"),
+    ("ring", 1, 4, "step", "local"),
+    ("one-peer-exp", 1, 4, "step", "local"),
+    ("aer", 2, 4, "step", "local"),
+    ("aer", 4, 4, "step", "local"),
+    ("aer", 2, 4, "backward", "local"),
+    ("one-peer-exp", 1, 1, "step", "all_ranks"),
+    ("aer", 2, 1, "step", "all_ranks"),
 ]
+Config = tuple[str, int, int, str, str]
 
 
 def make_model(seed: int) -> nn.Module:
@@ -73,7 +81,7 @@ def flat(model: nn.Module) -> torch.Tensor:
 
 
 def make_optimizer(
-    model: nn.Module, name: str, local_world_size: int, accum_steps: int, overlap: str
+    model: nn.Module, name: str, local_world_size: int, accum_steps: int, overlap: str, second_moment: str
 ) -> DecentralizedAdam:
     return DecentralizedAdam(
         param_groups(model),
@@ -81,6 +89,7 @@ def make_optimizer(
         betas=BETAS,
         eps=EPS,
         accum_steps=accum_steps,
+        second_moment=second_moment,  # type: ignore[arg-type]
         topology=name,
         local_world_size=local_world_size,
         bucket_size_mb=1e-4,  # ~100 bytes: several buckets per parameter group
@@ -88,16 +97,15 @@ def make_optimizer(
     )
 
 
-def train_worker(
-    rank: int, world_size: int, configs: list[tuple[str, int, int, str]]
-) -> list[dict[str, Any]]:
+def train_worker(rank: int, world_size: int, configs: list[Config]) -> list[dict[str, Any]]:
     out = []
-    for name, local_world_size, accum_steps, overlap in configs:
+    for config in configs:
+        overlap = config[3]
         model = make_model(seed=100 + rank)  # different on every rank: the broadcast must fix it
-        optimizer = make_optimizer(model, name, local_world_size, accum_steps, overlap)
+        optimizer = make_optimizer(model, *config)
         for step in range(STEPS):
             if overlap.startswith("resume:") and step == STEPS // 2:
-                model, optimizer = resume(model, optimizer, name, local_world_size, accum_steps, overlap)
+                model, optimizer = resume(model, optimizer, config)
             if overlap.startswith("reload:") and step == STEPS // 2:
                 optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
             optimizer.zero_grad()
@@ -120,30 +128,28 @@ def train_worker(
 
 
 def resume(
-    model: nn.Module,
-    optimizer: DecentralizedAdam,
-    name: str,
-    local_world_size: int,
-    accum_steps: int,
-    overlap: str,
+    model: nn.Module, optimizer: DecentralizedAdam, config: Config
 ) -> tuple[nn.Module, DecentralizedAdam]:
     """A new process's view: fresh model and optimizer, then this rank's saved states loaded."""
     model_state, optimizer_state = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
     new_model = make_model(seed=999)
-    new_optimizer = make_optimizer(new_model, name, local_world_size, accum_steps, overlap)
+    new_optimizer = make_optimizer(new_model, *config)
     new_model.load_state_dict(model_state)  # after construction: its broadcast must not win
     new_optimizer.load_state_dict(optimizer_state)
     assert new_optimizer.step_count == STEPS // 2
     return new_model, new_optimizer
 
 
-def simulate(name: str, world_size: int, local_world_size: int, accum_steps: int) -> torch.Tensor:
-    """n workers in one process: mix with W(t), then the AccumAdamW formula written out plainly."""
+def simulate(
+    name: str, world_size: int, local_world_size: int, accum_steps: int, second_moment: str = "local"
+) -> torch.Tensor:
+    """n workers in one process: mix with W(t), then the AccumAdamW formula written out plainly
+    (with ``second_moment="all_ranks"``: s = 1 and the noise-corrected second moment, n = world_size)."""
     topology = build(name, world_size, local_world_size)
     models = [make_model(seed=100) for _ in range(world_size)]  # rank 0's initialisation everywhere
     decay = [WD if n.endswith("weight") else 0.0 for n, _ in models[0].named_parameters()]
     beta1, beta2 = BETAS
-    state = [[dict.fromkeys(("M", "V", "b"), 0.0) for _ in decay] for _ in models]
+    state = [[dict.fromkeys(("M", "V", "b", "S"), 0.0) for _ in decay] for _ in models]
     for step in range(STEPS):
         grads = []
         for rank, model in enumerate(models):
@@ -158,9 +164,21 @@ def simulate(name: str, world_size: int, local_world_size: int, accum_steps: int
             with torch.no_grad():
                 for j, p in enumerate(model.parameters()):
                     s, g = state[rank][j], grads[rank][j]
+                    p.mul_(1 - LR * decay[j])
+                    if second_moment == "all_ranks":
+                        if t > 1:
+                            deviation = g - s["M"] / (1 - beta1 ** (t - 1))
+                            s["S"] = beta2 * s["S"] + (1 - beta2) * (1 + beta1) / 2 * deviation**2
+                        s["M"] = beta1 * s["M"] + (1 - beta1) * g
+                        s["V"] = beta2 * s["V"] + (1 - beta2) * g * g
+                        v = s["V"] / (1 - beta2**t)
+                        if t > 1:
+                            corrected = v - (1 - 1 / world_size) * s["S"] / (1 - beta2 ** (t - 1))
+                            v = torch.maximum(corrected, v / world_size)
+                        p.sub_(LR * (s["M"] / (1 - beta1**t)) / (v.sqrt() + EPS))
+                        continue
                     m = beta1 * s["M"] + (1 - beta1) * g
                     v = beta2 * s["V"] + (1 - beta2) * g * g
-                    p.mul_(1 - LR * decay[j])
                     p.sub_(LR * (m / (1 - beta1**k)) / ((v / (1 - beta2**k)).sqrt() + EPS))
                     s["b"] = s["b"] + g / accum_steps
                     if t % accum_steps == 0:
@@ -172,11 +190,11 @@ def simulate(name: str, world_size: int, local_world_size: int, accum_steps: int
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(("world_size", "configs"), [(4, CONFIGS_4), (8, CONFIGS_8)])
-def test_matches_simulation_of_n_workers(world_size: int, configs: list[tuple[str, int, int, str]]) -> None:
+def test_matches_simulation_of_n_workers(world_size: int, configs: list[Config]) -> None:
     per_rank = run_distributed(train_worker, world_size, configs, timeout_s=480)
-    for index, (name, local_world_size, accum_steps, overlap) in enumerate(configs):
-        label = f"{name} L={local_world_size} s={accum_steps} overlap={overlap}"
-        expected = simulate(name, world_size, local_world_size, accum_steps)
+    for index, (name, local_world_size, accum_steps, overlap, second_moment) in enumerate(configs):
+        label = f"{name} L={local_world_size} s={accum_steps} overlap={overlap} {second_moment}"
+        expected = simulate(name, world_size, local_world_size, accum_steps, second_moment)
         got = torch.stack([per_rank[r][index]["local"] for r in range(world_size)])
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-10, msg=lambda m, lab=label: f"{lab}: {m}")
         mean = expected.mean(dim=0)

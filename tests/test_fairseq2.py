@@ -67,7 +67,7 @@ common:
   no_sweep_dir: true
   metric_recorders: {tensorboard: {enabled: false}}
 """
-DECENTRALIZED = "{lr: 1.0e-2, accum_steps: 2, topology: aer, local_world_size: 1, bucket_size_mb: 0.01}"
+DECENTRALIZED = "{lr: 1.0e-2, topology: aer, local_world_size: 1, bucket_size_mb: 0.01}"
 
 
 def train(out: Path, steps: int, world: int = WORLD, optimizer: str = "decentralized_adam",

@@ -198,7 +198,7 @@ def test_one_parameter_group_rule_decays_matrices_and_kernels_only() -> None:
 def settings(**changes: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "lr": 1e-3, "weight_decay": 0.1, "betas_allreduce": (0.9, 0.98), "betas_decentralized": (0.8, 0.999),
-        "eps": 1e-8, "accum_steps": 2, "topology": "complete",
+        "eps": 1e-8, "accum_steps": 1, "topology": "complete",
     }  # fmt: skip
     return {**base, **changes}
 
@@ -212,7 +212,15 @@ def test_the_builder_makes_each_optimizer_with_its_betas_and_the_groups() -> Non
     ours = optim.build_optimizer(Block(), "decentralized", **settings(local_world_size=4))
     assert isinstance(ours, DecentralizedAdam) and ours.param_groups[0]["betas"] == (0.8, 0.999)
     assert [g["weight_decay"] for g in ours.param_groups] == [0.1, 0.0] and ours.world_size == 1
+    assert ours.second_moment == "all_ranks"
     ours.close()
+    paper = optim.build_optimizer(Block(), "decentralized", **settings(accum_steps=4, second_moment="local"))
+    assert isinstance(paper, DecentralizedAdam) and paper.param_groups[0]["accum_steps"] == 4
+    paper.close()
+    with pytest.raises(ConfigError, match=r"optim\.accum_steps = 4 with optim\.second_moment = 'all_ranks'"):
+        optim.build_optimizer(Block(), "decentralized", **settings(accum_steps=4))
+    with pytest.raises(ConfigError, match=r"optim\.second_moment = 'global'"):
+        optim.build_optimizer(Block(), "decentralized", **settings(second_moment="global"))
     with pytest.raises(ConfigError, match="decentralized training runs DecentralizedAdam"):
         optim.build_optimizer(Block(), "decentralized", algorithm="sgd", **settings())
     with pytest.raises(ConfigError, match=r"optim\.optimizer = 'ddp'"):

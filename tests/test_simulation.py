@@ -19,6 +19,7 @@ from tests.test_decentralized import (
     EPS,
     LR,
     STEPS,
+    Config,
     flat,
     loss_of,
     make_model,
@@ -28,7 +29,7 @@ from tests.test_decentralized import (
 
 
 def run_simulated(
-    world_size: int, name: str, local_world_size: int, accum_steps: int, overlap: str
+    world_size: int, name: str, local_world_size: int, accum_steps: int, overlap: str, second_moment: str
 ) -> tuple[torch.Tensor, list[DecentralizedAdam], list[torch.nn.Module]]:
     cluster = SimulatedCluster(world_size)
     models = [make_model(seed=100 + rank) for rank in range(world_size)]  # rank 0's weights must win
@@ -39,6 +40,7 @@ def run_simulated(
             betas=BETAS,
             eps=EPS,
             accum_steps=accum_steps,
+            second_moment=second_moment,  # type: ignore[arg-type]
             topology=name,
             local_world_size=local_world_size,
             bucket_size_mb=1e-4,
@@ -62,12 +64,10 @@ CONFIGS = [(4, c) for c in CONFIGS_4 if ":" not in c[3]] + [(8, c) for c in CONF
 
 
 @pytest.mark.parametrize(("world_size", "config"), CONFIGS, ids=str)
-def test_simulated_cluster_matches_the_independent_simulation(
-    world_size: int, config: tuple[str, int, int, str]
-) -> None:
-    name, local_world_size, accum_steps, _ = config
+def test_simulated_cluster_matches_the_independent_simulation(world_size: int, config: Config) -> None:
+    name, local_world_size, accum_steps, _, second_moment = config
     got, optimizers, models = run_simulated(world_size, *config)
-    expected = simulate(name, world_size, local_world_size, accum_steps)
+    expected = simulate(name, world_size, local_world_size, accum_steps, second_moment)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
     per_rank = [list(m.parameters()) for m in models]
     mean = torch.cat([t.reshape(-1) for t in SimulatedCluster.average(per_rank)])

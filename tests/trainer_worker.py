@@ -112,7 +112,9 @@ def train(out: dict[str, Any], run_dir: Path, resume: str | bool | None, topolog
         train_dataset=Sequences(256, seed=1),
         eval_dataset=Sequences(32, seed=2),
         callbacks=[recorder],
-        decentralized=DecentralizedArguments(topology=topology, accum_steps=2, local_world_size=2),
+        decentralized=DecentralizedArguments(
+            topology=topology, second_moment="local", accum_steps=2, local_world_size=2
+        ),
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

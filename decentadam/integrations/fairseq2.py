@@ -7,7 +7,7 @@ environment; a recipe config selects one by name (``_set_`` replaces the default
     optimizer:
       name: decentralized_adam
       _set_:
-        config: {lr: 7.0e-4, betas: [0.9, 0.98], accum_steps: 4, topology: aer}
+        config: {lr: 7.0e-4, betas: [0.9, 0.98], topology: aer}
 
 and the recipe builds its trainer with :func:`create_trainer` instead of ``context.create_trainer``::
 
@@ -119,8 +119,9 @@ class AccumAdamWConfig:
 class DecentralizedAdamConfig(AccumAdamWConfig):
     """``optimizer.config`` of ``decentralized_adam``: :class:`~decentadam.DecentralizedAdam`."""
 
-    accum_steps: int = 4
-    """AccumAdam window s (the decentralized default is 4)."""
+    second_moment: str = "all_ranks"
+    """"all_ranks": the second moment of the mean gradient over all ranks, estimated on each rank
+    (needs accum_steps 1); "local": each rank's own (see DecentralizedAdam)."""
     topology: str = "aer"
     """Graph schedule: "complete", "ring", "one-peer-exp" or "aer" (alternating exponential ring)."""
     local_world_size: int | None = None
@@ -136,6 +137,15 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
         result = _validate_hyper_parameters(self)
         if self.topology not in TOPOLOGIES:
             result.add_error(f"`topology` must be one of {sorted(TOPOLOGIES)}, but is {self.topology!r}.")
+        if self.second_moment not in ("all_ranks", "local"):
+            result.add_error(
+                f"`second_moment` must be 'all_ranks' or 'local', but is {self.second_moment!r}."
+            )
+        elif self.second_moment == "all_ranks" and self.accum_steps > 1:
+            result.add_error(
+                f"`second_moment` 'all_ranks' needs `accum_steps` 1, but it is {self.accum_steps}: set "
+                "`second_moment: local` to keep the accumulation window."
+            )
         if not self.bucket_size_mb > 0:
             result.add_error(f"`bucket_size_mb` must be > 0, but is {self.bucket_size_mb}.")
         if self.timeout is not None and not self.timeout > 0:
@@ -194,6 +204,7 @@ def _decentralized(resolver: DependencyResolver, config: DecentralizedAdamConfig
         eps=config.eps,
         weight_decay=config.weight_decay,
         accum_steps=config.accum_steps,
+        second_moment=config.second_moment,  # type: ignore[arg-type]
         topology=config.topology,
         local_world_size=config.local_world_size,
         bucket_size_mb=config.bucket_size_mb,

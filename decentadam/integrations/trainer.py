@@ -5,7 +5,7 @@
     args = TrainingArguments(output_dir="out", learning_rate=7e-4, adam_beta2=0.999, ...)
     trainer = DecentralizedTrainer(
         model=model, args=args, train_dataset=train, eval_dataset=val,
-        decentralized=DecentralizedArguments(topology="aer", accum_steps=4),
+        decentralized=DecentralizedArguments(topology="aer"),
     )
     trainer.train()
 
@@ -66,8 +66,12 @@ class DecentralizedArguments:
 
     topology: str = "aer"
     """Graph schedule: "complete", "ring", "one-peer-exp" or "aer" (alternating exponential ring)."""
-    accum_steps: int = 4
-    """AccumAdam window s: Adam moments advance once per s steps with the window's mean gradient."""
+    second_moment: Literal["all_ranks", "local"] = "all_ranks"
+    """"all_ranks": the second moment of the mean gradient over all ranks, estimated on each rank
+    (needs accum_steps=1); "local": each rank's own (see DecentralizedAdam)."""
+    accum_steps: int = 1
+    """AccumAdam window s (with second_moment="local"): Adam moments advance once per s steps with the
+    window's mean gradient."""
     local_world_size: int | None = None
     """Ranks per node for "aer"; default: LOCAL_WORLD_SIZE set by the launcher."""
     bucket_size_mb: float = 25.0
@@ -155,6 +159,7 @@ class DecentralizedTrainer(Trainer):
             betas=(self.args.adam_beta1, self.args.adam_beta2),
             eps=self.args.adam_epsilon,
             accum_steps=config.accum_steps,
+            second_moment=config.second_moment,
             topology=config.topology,
             local_world_size=config.local_world_size,
             bucket_size_mb=config.bucket_size_mb,

@@ -36,6 +36,24 @@ class AccumAdamW(Optimizer):
     with the window's mean gradient, which cuts the variance that small local batches put into
     ``V``. With ``accum_steps=1`` this is exactly :class:`torch.optim.AdamW`.
 
+    Second moment of a mean of ``n = noise_ranks`` gradients (``accum_steps=1`` only). Averaging n
+    independent gradients keeps their mean ``mu`` and divides their noise variance ``sigma^2`` by n,
+    so All-Reduce's Adam, which sees the mean over n ranks, divides by ``mu^2 + sigma^2 / n`` where a
+    rank's own ``V`` holds ``mu^2 + sigma^2``. With ``noise_ranks=n > 1`` each rank estimates its
+    gradient noise from how far each gradient falls from the running mean and removes the share that
+    averaging over n ranks would remove, with no communication (the decentralized optimizer sets n
+    to the world size)::
+
+        S = beta2 * S + (1 - beta2) * (1 + beta1) / 2 * (g_t - M_{t-1} / (1 - beta1**(t-1)))**2
+                                                               # t > 1; S holds sigma^2 (see below)
+        v = V / (1 - beta2**t);   s = S / (1 - beta2**(t-1))   # bias-corrected
+        v = max(v - (1 - 1/n) * s,  v / n)                     # the step grows at most sqrt(n)-fold
+
+    ``M_{t-1}`` is the momentum before ``g_t``: ``g_t`` is independent of it, and in steady state it
+    holds ``sigma^2 (1 - beta1) / (1 + beta1)`` of noise, hence the factor ``(1 + beta1) / 2``. Where
+    the mean gradient drifts, ``S`` also holds the drift and the floor ``v / n`` bounds the step. The
+    first step, with no ``S`` yet, is AdamW's. ``noise_ranks=1`` is AdamW exactly.
+
     Weight decay applies to every parameter of a group with ``weight_decay > 0``; leave biases and
     norms out by giving them their own group with ``weight_decay=0.0``, as with AdamW.
 
@@ -45,7 +63,8 @@ class AccumAdamW(Optimizer):
         step);
         ``exp_avg``: ``M``; ``exp_avg_sq``: ``V``;
         ``grad_accum``: ``b``, the running mean gradient of the open window (only when
-        ``accum_steps > 1``).
+        ``accum_steps > 1``);
+        ``noise_sq``: ``S``, the gradient noise estimate (only when ``noise_ranks > 1``).
 
     Args:
         params: parameters or parameter groups.
@@ -54,6 +73,8 @@ class AccumAdamW(Optimizer):
         eps: added to the denominator.
         weight_decay: decoupled weight decay coefficient.
         accum_steps: window length ``s`` (``>= 1``).
+        noise_ranks: ``n``: the second moment describes the mean of n such gradients (``>= 1``;
+            ``> 1`` needs ``accum_steps=1``).
         foreach: use the multi-tensor (``torch._foreach_*``) path; ``None`` picks it when every
             parameter is on CPU or CUDA. On CPU it runs over cache-sized slices and is about twice
             as fast as the for-loop path (benchmarks/optimizer_step.py).
@@ -67,10 +88,12 @@ class AccumAdamW(Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         accum_steps: int = 1,
+        noise_ranks: int = 1,
         *,
         foreach: bool | None = None,
     ) -> None:
-        super().__init__(params, make_defaults(lr, betas, eps, weight_decay, accum_steps, foreach))
+        defaults = make_defaults(lr, betas, eps, weight_decay, accum_steps, foreach, noise_ranks)
+        super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """As :meth:`torch.optim.Optimizer.add_param_group`, and check the group's hyper-parameters."""
@@ -97,6 +120,7 @@ def make_defaults(
     weight_decay: float,
     accum_steps: int,
     foreach: bool | None,
+    noise_ranks: int = 1,
 ) -> dict[str, Any]:
     """The param-group defaults of AccumAdamW; raises ValueError naming the first invalid one."""
     defaults = {
@@ -105,6 +129,7 @@ def make_defaults(
         "eps": eps,
         "weight_decay": weight_decay,
         "accum_steps": accum_steps,
+        "noise_ranks": noise_ranks,
         "foreach": foreach,
     }
     check_group(defaults)
@@ -133,6 +158,15 @@ def check_group(group: dict[str, Any]) -> None:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}{where}")
     if not (isinstance(accum_steps, int) and not isinstance(accum_steps, bool) and accum_steps >= 1):
         raise ValueError(f"accum_steps must be an integer >= 1, got {accum_steps!r}{where}")
+    noise_ranks = group.setdefault("noise_ranks", 1)  # groups saved before noise_ranks existed
+    if not (isinstance(noise_ranks, int) and not isinstance(noise_ranks, bool) and noise_ranks >= 1):
+        raise ValueError(f"noise_ranks must be an integer >= 1, got {noise_ranks!r}{where}")
+    if noise_ranks > 1 and accum_steps > 1:
+        raise ValueError(
+            f"noise_ranks={noise_ranks} corrects the second moment of single-step gradients, but "
+            f"accum_steps={accum_steps}{where}: use accum_steps=1 with it, or noise_ranks=1 (for "
+            "DecentralizedAdam: second_moment='local') to keep the accumulation window"
+        )
 
 
 def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], params: list[Tensor]) -> None:
@@ -143,7 +177,8 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
     if not params:
         return
     accum_steps: int = group["accum_steps"]
-    grads, exp_avgs, exp_avg_sqs, grad_accums, steps = [], [], [], [], []
+    noise_ranks: int = group.get("noise_ranks", 1)
+    grads, exp_avgs, exp_avg_sqs, grad_accums, noise_sqs, steps = [], [], [], [], [], []
     for p in params:
         grad = p.grad
         assert grad is not None
@@ -162,12 +197,16 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
             st["step"] = st["step"].to(torch.float64)
         if accum_steps > 1 and "grad_accum" not in st:
             st["grad_accum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        if noise_ranks > 1 and "noise_sq" not in st:
+            st["noise_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         grads.append(grad)
         exp_avgs.append(st["exp_avg"])
         exp_avg_sqs.append(st["exp_avg_sq"])
         steps.append(st["step"])
         if accum_steps > 1:
             grad_accums.append(st["grad_accum"])
+        if noise_ranks > 1:
+            noise_sqs.append(st["noise_sq"])
     beta1, beta2 = group["betas"]
     accum_adamw(
         params,
@@ -183,6 +222,8 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
         weight_decay=group["weight_decay"],
         accum_steps=accum_steps,
         foreach=group["foreach"],
+        noise_ranks=noise_ranks,
+        noise_sqs=noise_sqs,
     )
 
 
@@ -201,22 +242,29 @@ def accum_adamw(
     weight_decay: float,
     accum_steps: int,
     foreach: bool | None = None,
+    noise_ranks: int = 1,
+    noise_sqs: list[Tensor] | None = None,
 ) -> None:
     """Functional AccumAdamW: the update of :class:`AccumAdamW`, in place on every list.
 
-    ``grad_accums`` may be empty when ``accum_steps == 1``. ``state_steps`` are incremented here.
+    ``grad_accums`` may be empty when ``accum_steps == 1``, ``noise_sqs`` when ``noise_ranks == 1``.
+    ``state_steps`` are incremented here.
     """
+    noise_sqs = noise_sqs if noise_sqs is not None else []
     if accum_steps > 1 and len(grad_accums) != len(params):
         raise ValueError("accum_steps > 1 needs one grad_accum tensor per parameter")
+    if noise_ranks > 1 and (accum_steps > 1 or len(noise_sqs) != len(params)):
+        raise ValueError("noise_ranks > 1 needs accum_steps == 1 and one noise_sq tensor per parameter")
     if foreach is None:
         foreach = all(p.device.type in ("cpu", "cuda") for p in params)
     for step in state_steps:
         step += 1
     t_values = [int(step.item()) for step in state_steps]
-    hyper = _Hyper(lr, beta1, beta2, eps, weight_decay, accum_steps)
+    hyper = _Hyper(lr, beta1, beta2, eps, weight_decay, accum_steps, noise_ranks)
+    extra = grad_accums if accum_steps > 1 else noise_sqs if noise_ranks > 1 else []
     if foreach:
         for index_list in _group_for_foreach(params, grads, t_values, accum_steps):
-            lists = [params, grads, exp_avgs, exp_avg_sqs] + ([grad_accums] if accum_steps > 1 else [])
+            lists = [params, grads, exp_avgs, exp_avg_sqs] + ([extra] if extra else [])
             selected = [[tensors[i] for i in index_list] for tensors in lists]
             for p_, g_, m_, v_, *b_ in _cpu_chunks(selected):
                 _foreach_accum_adamw(
@@ -224,9 +272,10 @@ def accum_adamw(
                     g_,
                     m_,
                     v_,
-                    b_[0] if b_ else [],
+                    b_[0] if accum_steps > 1 else [],
                     t_values[index_list[0]],
                     hyper,
+                    b_[0] if noise_ranks > 1 else [],
                 )
     else:
         for i, param in enumerate(params):
@@ -238,6 +287,7 @@ def accum_adamw(
                 grad_accums[i] if accum_steps > 1 else None,
                 t_values[i],
                 hyper,
+                noise_sqs[i] if noise_ranks > 1 else None,
             )
 
 
@@ -248,11 +298,23 @@ class _Hyper(NamedTuple):
     eps: float
     weight_decay: float
     accum_steps: int
+    noise_ranks: int = 1
 
     def bias_corrections(self, t: int) -> tuple[float, float]:
         """(1 - beta1**k, sqrt(1 - beta2**k)) with k = ceil(t / s), the window number."""
         k = -(-t // self.accum_steps)
         return 1.0 - self.beta1**k, math.sqrt(1.0 - self.beta2**k)
+
+    def noise_terms(self, t: int) -> tuple[float, float, float, float]:
+        """For step ``t > 1`` of the noise correction: (1 / (1 - beta1**(t-1)), the weight of the new
+        squared deviation in S, 1 / (1 - beta2**(t-1)) (S's bias correction) and 1 - 1/n)."""
+        beta1, beta2 = self.beta1, self.beta2
+        return (
+            1.0 / (1.0 - beta1 ** (t - 1)),
+            (1.0 - beta2) * (1.0 + beta1) / 2.0,
+            1.0 / (1.0 - beta2 ** (t - 1)),
+            1.0 - 1.0 / self.noise_ranks,
+        )
 
 
 def _single_accum_adamw(
@@ -263,15 +325,27 @@ def _single_accum_adamw(
     grad_accum: Tensor | None,
     t: int,
     hyper: _Hyper,
+    noise_sq: Tensor | None = None,
 ) -> None:
-    lr, beta1, beta2, eps, weight_decay, accum_steps = hyper
+    lr, beta1, beta2, eps, weight_decay, accum_steps, _ = hyper
     bias_correction1, bias_correction2_sqrt = hyper.bias_corrections(t)
     if weight_decay != 0.0:
         param.mul_(1.0 - lr * weight_decay)
+    if noise_sq is not None and t > 1:  # S from g_t's deviation from the momentum before it
+        momentum_scale, weight, noise_scale, share = hyper.noise_terms(t)
+        deviation = torch.sub(grad, exp_avg, alpha=momentum_scale)
+        noise_sq.mul_(beta2).addcmul_(deviation, deviation, value=weight)
     if grad_accum is None:  # accum_steps == 1: the committed moments are the preview (AdamW)
         exp_avg.lerp_(grad, 1.0 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-        m, denom = exp_avg, exp_avg_sq.sqrt()
+        m = exp_avg
+        if noise_sq is not None and t > 1:
+            second = exp_avg_sq / bias_correction2_sqrt**2  # v, bias-corrected
+            corrected = torch.add(second, noise_sq, alpha=-share * noise_scale)
+            denom = torch.maximum(corrected, second.div_(hyper.noise_ranks)).sqrt_().add_(eps)
+            param.addcdiv_(m, denom, value=-lr / bias_correction1)
+            return
+        denom = exp_avg_sq.sqrt()
     else:
         m = torch.lerp(exp_avg, grad, 1.0 - beta1)
         denom = torch.mul(exp_avg_sq, beta2).addcmul_(grad, grad, value=1.0 - beta2).sqrt_()
@@ -293,11 +367,29 @@ def _foreach_accum_adamw(
     grad_accums: list[Tensor],
     t: int,
     hyper: _Hyper,
+    noise_sqs: list[Tensor] | None = None,
 ) -> None:
-    lr, beta1, beta2, eps, weight_decay, accum_steps = hyper
+    lr, beta1, beta2, eps, weight_decay, accum_steps, _ = hyper
     bias_correction1, bias_correction2_sqrt = hyper.bias_corrections(t)
     if weight_decay != 0.0:
         torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+    if noise_sqs and t > 1:  # see _single_accum_adamw
+        momentum_scale, weight, noise_scale, share = hyper.noise_terms(t)
+        deviations = torch._foreach_mul(exp_avgs, momentum_scale)
+        torch._foreach_sub_(deviations, grads)  # sign does not matter: it is squared
+        torch._foreach_mul_(noise_sqs, beta2)
+        torch._foreach_addcmul_(noise_sqs, deviations, deviations, value=weight)
+        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+        second = torch._foreach_div(exp_avg_sqs, bias_correction2_sqrt**2)
+        corrected = torch._foreach_add(second, noise_sqs, alpha=-share * noise_scale)
+        torch._foreach_div_(second, hyper.noise_ranks)
+        torch._foreach_maximum_(corrected, second)
+        torch._foreach_sqrt_(corrected)
+        torch._foreach_add_(corrected, eps)
+        torch._foreach_addcdiv_(params, exp_avgs, corrected, value=-lr / bias_correction1)
+        return
     if not grad_accums:
         torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
         torch._foreach_mul_(exp_avg_sqs, beta2)

@@ -7,7 +7,8 @@
                                   in DDP with ``accelerator.prepare``: every rank holds one model
 ``allreduce``        ``sgd``      ``torch.optim.SGD`` with momentum, under DDP the same way
 ``decentralized``    ``adamw``    ``decentadam.DecentralizedAdam`` (AccumAdamW, betas_decentralized,
-                                  window ``accum_steps``, ``topology``): each rank its own copy
+                                  ``second_moment``, window ``accum_steps``, ``topology``): each rank
+                                  its own copy
 ``a2cid2``           ``adamw``    ``decentadam.A2CiD2`` around a local ``AccumAdamW``
 ``a2cid2``           ``sgd``      ``decentadam.A2CiD2`` around a local SGD with momentum
 ===================  ===========  ==================================================================
@@ -24,12 +25,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from recipes.common.config import ConfigError
+from recipes.common.config import ConfigError, check_choice
 
-__all__ = ["ALGORITHMS", "OPTIMIZERS", "build_optimizer", "is_decentralized", "param_groups"]
+__all__ = [
+    "ALGORITHMS",
+    "OPTIMIZERS",
+    "SECOND_MOMENTS",
+    "build_optimizer",
+    "is_decentralized",
+    "param_groups",
+]
 
 OPTIMIZERS = ("allreduce", "decentralized", "a2cid2")
 ALGORITHMS = ("adamw", "sgd")
+SECOND_MOMENTS = ("all_ranks", "local")
 
 
 def is_decentralized(optimizer: str) -> bool:
@@ -59,6 +68,7 @@ def build_optimizer(
     momentum: float = 0.9,
     nesterov: bool = False,
     accum_steps: int = 1,
+    second_moment: str = "all_ranks",
     topology: str = "aer",
     local_world_size: int = 0,
     world_size: int = 1,
@@ -69,8 +79,10 @@ def build_optimizer(
     """The optimizer of the table above for ``model`` (on its device already).
 
     ``local_world_size`` 0 takes the launcher's ``LOCAL_WORLD_SIZE``; a value above ``world_size``
-    is capped to it (one node). Raises ConfigError for an unknown optimizer or algorithm, and for a
-    decentralized run with ``sgd`` (DecentralizedAdam is AccumAdamW).
+    is capped to it (one node). ``second_moment="all_ranks"`` gives the local AccumAdamW of A2CiD2
+    the same correction as DecentralizedAdam (``noise_ranks = world_size``). Raises ConfigError for
+    an unknown optimizer or algorithm, and for a decentralized run with ``sgd`` (DecentralizedAdam is
+    AccumAdamW).
     """
     from decentadam import A2CiD2, AccumAdamW, DecentralizedAdam
 
@@ -84,18 +96,33 @@ def build_optimizer(
             f"optim.algorithm = {algorithm!r}: decentralized training runs DecentralizedAdam (AccumAdamW): "
             "use optim.algorithm=adamw, or --optimizer a2cid2 for gossip around SGD"
         )
+    check_choice("optim.second_moment", second_moment, SECOND_MOMENTS)
+    if second_moment == "all_ranks" and accum_steps > 1 and optimizer != "allreduce" and algorithm == "adamw":
+        raise ConfigError(
+            f"optim.accum_steps = {accum_steps} with optim.second_moment = 'all_ranks': the corrected second "
+            "moment replaces the accumulation window; set optim.accum_steps=1, or optim.second_moment=local "
+            "for the paper's AccumAdam"
+        )
     groups = param_groups(model, weight_decay)
     if optimizer == "decentralized":
         return DecentralizedAdam(  # decentadam: each rank keeps its own copy, averaged with neighbours
             groups, lr=lr, betas=betas_decentralized, eps=eps, weight_decay=weight_decay,
-            accum_steps=accum_steps, topology=topology,
+            accum_steps=accum_steps, second_moment=second_moment, topology=topology,  # type: ignore[arg-type]
             local_world_size=min(local_world_size, world_size) if local_world_size else None,
         )  # fmt: skip
     local: torch.optim.Optimizer
     if algorithm == "sgd":
         local = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
     elif optimizer == "a2cid2":
-        local = AccumAdamW(groups, lr=lr, betas=betas_decentralized, eps=eps, accum_steps=accum_steps)
+        noise_ranks = world_size if second_moment == "all_ranks" else 1
+        local = AccumAdamW(
+            groups,
+            lr=lr,
+            betas=betas_decentralized,
+            eps=eps,
+            accum_steps=accum_steps,
+            noise_ranks=noise_ranks,
+        )
     else:
         local = torch.optim.AdamW(groups, lr=lr, betas=betas_allreduce, eps=eps)
     if optimizer == "a2cid2":  # decentadam: asynchronous gossip around the local step

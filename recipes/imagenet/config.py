@@ -90,8 +90,13 @@ class OptimConfig:
     """Label smoothing of the training loss."""
     topology: str = "aer"
     """Decentralized graph: ``aer``, ``complete``, ``ring`` or ``one-peer-exp``."""
-    accum_steps: int = 8
-    """AccumAdam window s: the moments advance once per s steps with the window's mean gradient."""
+    second_moment: str = "all_ranks"
+    """AccumAdamW's second moment, decentralized or under A2CiD2: ``all_ranks`` (that of the mean
+    gradient over all ranks, estimated on each rank; needs accum_steps = 1) or ``local`` (each rank's
+    own: the paper's AccumAdam)."""
+    accum_steps: int = 1
+    """AccumAdam window s (with ``second_moment = "local"``): the moments advance once per s steps
+    with the window's mean gradient."""
     local_world_size: int = 0
     """Ranks per node for ``aer`` (0 = the launcher's LOCAL_WORLD_SIZE); 2 on one machine emulates
     nodes of 2 ranks."""

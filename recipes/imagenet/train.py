@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     optimizer: Any = build_optimizer(  # decentadam: DecentralizedAdam or A2CiD2, or the baseline's
         model, o.optimizer, algorithm=o.algorithm, lr=lr, weight_decay=o.weight_decay,
         betas_allreduce=o.betas_allreduce, betas_decentralized=o.betas_decentralized, eps=o.eps,
-        momentum=o.momentum, nesterov=o.nesterov, accum_steps=o.accum_steps, topology=o.topology,
+        momentum=o.momentum, nesterov=o.nesterov, accum_steps=o.accum_steps,
+        second_moment=o.second_moment, topology=o.topology,
         local_world_size=o.local_world_size, world_size=world, graph=o.graph, rate=o.rate, seed=t.seed,
     )  # fmt: skip
     warmup = round(o.warmup_epochs * steps_per_epoch)

@@ -73,8 +73,8 @@ class OptimConfig:
     """Linear warm-up steps, then the rate decays as 1/sqrt(step) (the Transformer's schedule)."""
     betas_allreduce: tuple[float, float] = (0.9, 0.98)
     """Adam betas of AdamW under All-Reduce (the baseline)."""
-    betas_decentralized: tuple[float, float] = (0.9, 0.999)
-    """Adam betas of AccumAdam (the paper uses a larger beta2 for it)."""
+    betas_decentralized: tuple[float, float] = (0.9, 0.98)
+    """Adam betas of DecentralizedAdam (the paper's AccumAdam used (0.9, 0.999))."""
     eps: float = 1e-9
     """Adam epsilon."""
     weight_decay: float = 0.0
@@ -85,8 +85,12 @@ class OptimConfig:
     """Label smoothing of the training loss."""
     topology: str = "aer"
     """Graph of the parameter averaging: ``aer``, ``complete``, ``ring``, ``one-peer-exp``."""
-    accum_steps: int = 4
-    """AccumAdam window s: the moments advance once per s steps with the window's mean gradient."""
+    second_moment: str = "all_ranks"
+    """DecentralizedAdam's second moment: ``all_ranks`` (that of the mean gradient over all ranks,
+    estimated on each rank; needs accum_steps = 1) or ``local`` (each rank's own: the paper's)."""
+    accum_steps: int = 1
+    """AccumAdam window s (with ``second_moment = "local"``): the moments advance once per s steps
+    with the window's mean gradient."""
     local_world_size: int = 0
     """Ranks per node for ``aer`` (0 = the launcher's LOCAL_WORLD_SIZE); 2 on one machine emulates
     nodes of 2."""

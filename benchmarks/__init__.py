@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that measure and write reports (benchmarks/results/); docs/benchmarks.md."""
