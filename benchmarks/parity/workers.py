@@ -1,0 +1,328 @@
+"""n workers of the translation recipe in one process: how the gap to All-Reduce grows with n.
+
+At a fixed global batch, every worker added shrinks each worker's batch. This trains the recipe's
+model on the recipe's data with ``--workers`` simulated ranks on one CPU process: All-Reduce
+(AdamW on the mean of the ranks' gradients, each taken on its own ``1/n`` share of the batch with
+its own dropout stream, as DDP computes it) or ``DecentralizedAdam`` with the library's own update
+and mixing code, one optimizer per rank exchanging through :class:`decentadam.simulation.SimulatedCluster`.
+At n = 4 it reproduces a 4-process run of ``recipes.translation.train`` (same batches, seeds and
+schedule; ``--check-against`` compares the first steps' losses with such a run's TensorBoard log).
+The validation loss is that of the exact average of the ranks' weights, as the recipe's::
+
+    python -m benchmarks.parity.workers --preset multi30k-en-de --data MULTI30K --workers 16 \\
+        --steps 400 --optimizer decentralized --out runs/workers/dec-16.json optim.lr=2e-3
+
+``--diagnose`` (All-Reduce only) also keeps every rank's shadow Adam moments, from its own
+gradient, and every ``--diagnose-every`` steps logs per parameter group how the per-rank
+normalisation changes All-Reduce's step (H1: its length, H2: its direction).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from decentadam import DecentralizedAdam
+from decentadam.simulation import SimulatedCluster
+from recipes.common.optim import build_optimizer, param_groups
+from recipes.translation import config, data
+from recipes.translation.model import build_model, loss_and_tokens
+
+GROUPS = ("embeddings", "attention", "ffn", "norms")
+
+
+def group_of(name: str) -> str:
+    """The parameter group of the diagnosis: embeddings (tied with the output), attention, FFN, norms."""
+    if "shared" in name or "embed" in name:
+        return "embeddings"
+    if "layer_norm" in name:
+        return "norms"
+    return "attention" if "attn" in name else "ffn"
+
+
+class Workers:
+    """The recipe's data and n copies of its model, one per simulated rank, with per-rank streams."""
+
+    def __init__(self, cfg: config.Config, workers: int) -> None:
+        d, t = cfg.data, cfg.train
+        train_text = data.read_split(d.path, d.train_split, d.src, d.tgt, d.limit)
+        val_text = data.read_split(d.path, d.val_split, d.src, d.tgt, d.val_limit)
+        self.tokenizer, _ = data.build_tokenizer(
+            list(train_text), d.vocab_size, data.tokenizer_cache(d.cache_dir), path=d.tokenizer
+        )
+        self.pad_id = self.tokenizer.pad_token_id
+        self.train_set = data.encode(self.tokenizer, *train_text, max_length=d.max_length)
+        self.val_set = data.encode(self.tokenizer, *val_text)
+        max_tokens = t.global_tokens // (workers * t.grad_accum)
+        self.batches = [
+            data.TokenBatches(
+                self.train_set.src_lengths,
+                self.train_set.tgt_lengths,
+                max_tokens,
+                seed=t.seed,
+                rank=rank,
+                world_size=workers,
+                multiple_of=t.grad_accum,
+            )
+            for rank in range(workers)
+        ]
+        # every rank's share of the validation set, as the recipe sums them
+        self.val_batches = [
+            b
+            for rank in range(workers)
+            for b in data.TokenBatches(
+                self.val_set.src_lengths, self.val_set.tgt_lengths, t.val_tokens,
+                rank=rank, world_size=workers, shuffle=False,
+            ).epoch_batches(0)
+        ]  # fmt: skip
+        self.cfg, self.workers = cfg, workers
+        self.position = [(0, 0)] * workers  # (epoch, batch) of each rank
+        self.models = [self.new_model() for _ in range(workers)]  # the same weights: one seed
+        self.rng = []
+        for rank in range(workers):  # the recipe's per-rank dropout streams
+            torch.manual_seed(t.seed + 1000 * (rank + 1))
+            self.rng.append(torch.get_rng_state())
+
+    def new_model(self) -> nn.Module:
+        torch.manual_seed(self.cfg.train.seed)
+        tokenizer = self.tokenizer
+        return build_model(  # type: ignore[no-any-return]
+            len(tokenizer),
+            pad_id=self.pad_id,
+            eos_id=tokenizer.eos_token_id,
+            **dataclasses.asdict(self.cfg.model),
+        )
+
+    def next_batch(self, rank: int) -> dict[str, Tensor]:
+        epoch, index = self.position[rank]
+        batches = self.batches[rank].epoch_batches(epoch)
+        if index >= len(batches):
+            epoch, index = epoch + 1, 0
+            batches = self.batches[rank].epoch_batches(epoch)
+        self.position[rank] = (epoch, index + 1)
+        return data.collate(self.train_set, batches[index], self.pad_id)
+
+    def backward(self, rank: int, model: nn.Module, scale: float = 1.0) -> float:
+        """Rank ``rank``'s loss on its next batch, backpropagated into ``model`` (times ``scale``)."""
+        torch.set_rng_state(self.rng[rank])
+        loss, _, _ = loss_and_tokens(model, self.next_batch(rank), self.cfg.optim.label_smoothing)
+        (loss * scale).backward()  # type: ignore[no-untyped-call]
+        self.rng[rank] = torch.get_rng_state()
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def val_nll(self, model: nn.Module) -> float:
+        model.eval()
+        nll = tokens = 0.0
+        for _, batch in data.iterate(self.val_set, self.val_batches, self.pad_id):
+            _, total, count = loss_and_tokens(model, batch, 0.0)
+            nll, tokens = nll + float(total), tokens + float(count)
+        model.train()
+        return nll / tokens
+
+
+def schedule(warmup_steps: int) -> Any:
+    """The recipe's learning-rate factor: linear warm-up, then 1 / sqrt(step)."""
+    warmup = max(warmup_steps, 1)
+    return lambda step: min((step + 1) / warmup, math.sqrt(warmup / (step + 1)))
+
+
+class Diagnosis:
+    """Shadow per-rank Adam moments inside an All-Reduce run (H1: step length, H2: direction)."""
+
+    def __init__(self, model: nn.Module, workers: int, betas: tuple[float, float], eps: float) -> None:
+        self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.m = [torch.zeros((workers, *p.shape)) for _, p in self.params]
+        self.v = [torch.zeros((workers, *p.shape)) for _, p in self.params]
+        self.betas, self.eps, self.records = betas, eps, []  # type: ignore[var-annotated]
+
+    def add(self, rank: int, grads: list[Tensor]) -> None:
+        beta1, beta2 = self.betas
+        for m, v, g in zip(self.m, self.v, grads, strict=True):
+            m[rank].lerp_(g, 1 - beta1)
+            v[rank].mul_(beta2).addcmul_(g, g, value=1 - beta2)
+
+    def record(self, step: int, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Per group: |mean_i(m_i/sqrt v_i)| / |m/sqrt v|, |m/sqrt(mean_i v_i)| / |m/sqrt v|, the cosine
+        of mean_i(m_i/sqrt v_i) with m/sqrt v, and the median of mean_i v_i / v (m, v: All-Reduce's)."""
+        beta1, beta2 = self.betas
+        bc1, bc2 = 1 - beta1**step, 1 - beta2**step
+        parts: dict[str, dict[str, list[Tensor]]] = {
+            g: {k: [] for k in ("ref", "local", "v_bar", "ratio")} for g in GROUPS
+        }
+        for (name, p), m_i, v_i in zip(self.params, self.m, self.v, strict=True):
+            state = optimizer.state[p]
+            m, v = state["exp_avg"] / bc1, state["exp_avg_sq"] / bc2
+            v_bar = v_i.mean(0) / bc2
+            values = {
+                "ref": m / (v.sqrt() + self.eps),
+                "local": (m_i / bc1 / ((v_i / bc2).sqrt() + self.eps)).mean(0),
+                "v_bar": m / (v_bar.sqrt() + self.eps),
+                "ratio": v_bar / v,
+            }
+            for key, value in values.items():
+                parts[group_of(name)][key].append(value.reshape(-1))
+        record: dict[str, Any] = {"step": step}
+        for group, lists in parts.items():
+            ref, local, with_v_bar = (torch.cat(lists[k]) for k in ("ref", "local", "v_bar"))
+            record[group] = {
+                "length_local": float(local.norm() / ref.norm()),
+                "length_mean_v": float(with_v_bar.norm() / ref.norm()),
+                "cosine_local": float(nn.functional.cosine_similarity(local, ref, dim=0)),
+                "median_v_ratio": float(torch.cat(lists["ratio"]).nan_to_num(nan=1.0).median()),
+            }
+        self.records.append(record)
+        return record
+
+
+def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
+    world = Workers(cfg, args.workers)
+    o = cfg.optim
+    decentralized = o.optimizer == "decentralized"
+    models = world.models if decentralized else world.models[:1]
+    cluster = SimulatedCluster(args.workers)
+    optimizers: list[Any] = []
+    # nodes of optim.local_world_size ranks where there are at least two of them, else one rank each
+    nodes_of = o.local_world_size if o.local_world_size and args.workers // o.local_world_size >= 2 else 1
+    for rank, model in enumerate(models):
+        model.train()
+        if decentralized:
+            optimizers.append(
+                DecentralizedAdam(
+                    param_groups(model, o.weight_decay),
+                    lr=o.lr,
+                    betas=o.betas_decentralized,
+                    eps=o.eps,
+                    weight_decay=o.weight_decay,
+                    accum_steps=o.accum_steps,
+                    second_moment=o.second_moment,  # type: ignore[arg-type]
+                    topology=o.topology,
+                    local_world_size=nodes_of,
+                    communicator=cluster.communicator(rank),
+                )
+            )
+        else:
+            optimizers.append(
+                build_optimizer(
+                    model,
+                    "allreduce",
+                    lr=o.lr,
+                    weight_decay=o.weight_decay,
+                    eps=o.eps,
+                    betas_allreduce=o.betas_allreduce,
+                    betas_decentralized=o.betas_decentralized,
+                )
+            )
+    schedulers = [torch.optim.lr_scheduler.LambdaLR(opt, schedule(o.warmup_steps)) for opt in optimizers]
+    diagnosis = Diagnosis(models[0], args.workers, o.betas_allreduce, o.eps) if args.diagnose else None
+    evaluator = world.new_model()
+    curve, losses, begin = [], [], time.perf_counter()
+    for step in range(1, args.steps + 1):
+        step_losses = []
+        if decentralized:
+            for rank, (model, opt) in enumerate(zip(models, optimizers, strict=True)):
+                opt.zero_grad(set_to_none=True)
+                step_losses.append(world.backward(rank, model))
+            for opt in optimizers:  # lock step, in rank order
+                opt.step()
+        else:
+            model = models[0]
+            params = [p for p in model.parameters() if p.requires_grad]
+            total = [torch.zeros_like(p) for p in params]
+            for rank in range(args.workers):  # each rank's gradient on its share; DDP averages them
+                optimizers[0].zero_grad(set_to_none=True)
+                step_losses.append(world.backward(rank, model))
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+                if diagnosis is not None:
+                    diagnosis.add(rank, grads)
+                torch._foreach_add_(total, grads)
+            for p, g in zip(params, total, strict=True):
+                p.grad = g.div_(args.workers)
+            optimizers[0].step()
+            if diagnosis is not None and step % args.diagnose_every == 0:
+                print(json.dumps(diagnosis.record(step, optimizers[0])), flush=True)
+        for scheduler in schedulers:
+            scheduler.step()
+        losses.append(sum(step_losses) / len(step_losses))
+        if step % args.eval_every == 0 or step == args.steps:
+            per_rank = [list(m.parameters()) for m in models]
+            with torch.no_grad():
+                for target, mean in zip(
+                    evaluator.parameters(), SimulatedCluster.average(per_rank), strict=True
+                ):
+                    target.copy_(mean)
+            point = {
+                "step": step,
+                "valid_nll": world.val_nll(evaluator),
+                "consensus_distance_rel": SimulatedCluster.consensus_distance(per_rank, relative=True),
+                "seconds": time.perf_counter() - begin,
+            }
+            curve.append(point)
+            print(json.dumps(point), flush=True)
+    return {"curve": curve, "train_loss": losses, "diagnosis": diagnosis.records if diagnosis else []}
+
+
+def compare_with_run(result: dict[str, Any], run: Path) -> dict[str, Any]:
+    """The first steps' mean training losses against a recipe run logged with ``train.log_every=1``."""
+    from benchmarks.parity.oracle import train_losses
+
+    logged = train_losses(run)
+    steps = sorted(s for s in logged if s <= len(result["train_loss"]))
+    differences = [abs(result["train_loss"][s - 1] - logged[s]) / abs(logged[s]) for s in steps]
+    return {
+        "run": str(run),
+        "steps": steps,
+        "max_relative_difference": max(differences, default=float("nan")),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--preset", required=True)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--optimizer", choices=("allreduce", "decentralized"), required=True)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--diagnose", action="store_true", help="All-Reduce: shadow per-rank moments")
+    parser.add_argument("--diagnose-every", type=int, default=50)
+    parser.add_argument("--check-against", type=Path, help="a recipe run dir logged with train.log_every=1")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    if args.diagnose and args.optimizer != "allreduce":
+        parser.error("--diagnose compares with All-Reduce's moments: use it with --optimizer allreduce")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = config.load(
+        args.preset, [f"data={args.data}", f"optim.optimizer={args.optimizer}", *args.overrides]
+    )
+    result = {
+        "command": shlex.join([sys.executable, "-m", "benchmarks.parity.workers", *(argv or sys.argv[1:])]),
+        "workers": args.workers,
+        "tokens_per_worker": cfg.train.global_tokens // args.workers,
+        "config": dataclasses.asdict(cfg),
+        **train(args, cfg),
+    }
+    if args.check_against:
+        result["check"] = compare_with_run(result, args.check_against)
+        print(json.dumps(result["check"]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
