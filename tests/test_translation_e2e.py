@@ -18,6 +18,7 @@ pytest.importorskip("tokenizers", reason="the translation recipe needs pip insta
 pytest.importorskip("sacrebleu", reason="eval.bleu needs pip install '.[recipes]'")
 pytest.importorskip("accelerate", reason="the translation recipe needs pip install '.[recipes]'")
 
+from benchmarks.parity import workers
 from recipes.common.launch import accelerate_launch, environment
 from recipes.translation import synthetic
 
@@ -59,6 +60,20 @@ def test_train_checkpoint_resume_and_bleu(optimizer: str, corpus: Path, tmp_path
     assert len((straight / "metrics.jsonl").read_text().splitlines()) == 2
     assert "[train]\nglobal_tokens = 1024" in (straight / "config.toml").read_text()
     assert list((straight / "tb").rglob("events.out.tfevents.*"))
+
+    # the 4 ranks simulated in one process (benchmarks.parity.workers) compute the same run
+    simulated = tmp_path / "simulated.json"
+    workers.main([
+        "--preset", "demo-synthetic-en-de", "--data", str(corpus), "--workers", "4", "--optimizer", optimizer,
+        "--steps", "4", "--eval-every", "2", "--check-against", str(straight), "--out", str(simulated),
+        f"data.cache_dir={tmp_path / 'cache'}", *TINY,
+    ])  # fmt: skip
+    result = json.loads(simulated.read_text())
+    assert result["check"]["steps"] == [1, 2, 3, 4] and result["check"]["max_relative_difference"] < 1e-5
+    recipe_nll = [
+        json.loads(line)["valid_nll"] for line in (straight / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [p["valid_nll"] for p in result["curve"]] == pytest.approx(recipe_nll, rel=1e-5)
 
     # resume: 2 steps, stop, 2 more == 4 straight steps: bit for bit with decentadam; under DDP up to
     # the order of its gradient sums (DDP regroups its buckets after the first iteration of a process)
