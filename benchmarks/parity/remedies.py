@@ -142,7 +142,7 @@ class Local(Rule):
         m = torch.lerp(self.M, G, 1 - beta1)
         v = self.V * beta2 + (1 - beta2) * G * G
         k = -(-t // s)
-        d = (m / (1 - beta1**k)) / ((v / (1 - beta2**k)).sqrt() + self.eps)
+        d: Tensor = (m / (1 - beta1**k)) / ((v / (1 - beta2**k)).sqrt() + self.eps)
         window = self.extra["window"]
         window.add_(G, alpha=1 / s)
         if t % s == 0:
@@ -208,6 +208,8 @@ class Recovered(Rule):
     Rank i stepped ``lr_{t-1} * P_i m_i / bc1`` and the mixing moved it by ``delta``; with common
     scales the neighbourhood's mean momentum is ``m_i - bc1 * delta / (lr P_i)``, whose innovation
     over the previous mean momentum ``Mbar`` is the mean gradient ``ghat`` (one step late)."""
+
+    previous_lr, previous_bc1 = 0.0, 1.0  # of the last step, which the next mixing decodes
 
     def buffers(self) -> tuple[str, ...]:
         return ("mean_momentum", "scale", "sent", "mean_v")
