@@ -254,7 +254,10 @@ def test_compare_plot_draws_each_run_against_time_and_steps(tmp_path: Path) -> N
     assert "training time" in by_time.get_xlabel() and by_step.get_xlabel() == "optimizer steps"
     for axes, x_of in ((by_time, lambda p: p["train_seconds"] / 60), (by_step, lambda p: p["step"])):
         lines = {line.get_label(): line for line in axes.get_lines()}
-        assert set(lines) == {"All-Reduce (DDP + AdamW): BLEU 30.00", "AccumAdam (decentadam): BLEU 31.00"}
+        assert set(lines) == {
+            "All-Reduce (DDP + AdamW): BLEU 30.00",
+            "DecentralizedAdam (decentadam): BLEU 31.00",
+        }
         for (label, line), points in zip(lines.items(), curves.values(), strict=True):
             assert list(line.get_xdata()) == [x_of(p) for p in points], label
             assert list(line.get_ydata()) == [p["valid_nll"] for p in points], label

@@ -1,4 +1,4 @@
-"""All-Reduce against AccumAdam (decentadam) on one preset: equal steps, same data, BLEU of each.
+"""All-Reduce against DecentralizedAdam (decentadam) on one preset: equal steps, same data, BLEU of each.
 
 ::
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 OPTIMIZERS = ("allreduce", "decentralized")
-LABELS = {"allreduce": "All-Reduce (DDP + AdamW)", "decentralized": "AccumAdam (decentadam)"}
+LABELS = {"allreduce": "All-Reduce (DDP + AdamW)", "decentralized": "DecentralizedAdam (decentadam)"}
 
 
 def train(
@@ -175,11 +175,20 @@ def summary(report: dict[str, Any]) -> str:
     lines = []
     for name, result in report["runs"].items():
         lines.append(
-            f"{LABELS[name]:26s} BLEU {result['bleu']:6.2f}  chrF {result['chrf']:6.2f}  valid nll "
+            f"{LABELS[name]:30s} BLEU {result['bleu']:6.2f}  chrF {result['chrf']:6.2f}  valid nll "
             f"{result['final_valid_nll']:.3f}  {result['train_seconds']:.0f} s training, "
             f"{result['wall_seconds']:.0f} s wall"
         )
     lines.append(f"BLEU|{next(iter(report['runs'].values()))['bleu_signature']}")
+    curves = {name: {p["step"]: p["valid_nll"] for p in run["curve"]} for name, run in report["runs"].items()}
+    if len(curves) == 2:  # the validation curves side by side, at the steps both evaluated
+        a, b = curves.values()
+        steps = sorted(set(a) & set(b))
+        lines.append("valid nll at step " + " / ".join(str(s) for s in steps))
+        lines += [
+            f"  {LABELS[name]:30s} " + " / ".join(f"{c[s]:.3f}" for s in steps) for name, c in curves.items()
+        ]
+        lines.append(f"  {'difference':30s} " + " / ".join(f"{b[s] - a[s]:+.3f}" for s in steps))
     return "\n".join(lines)
 
 
