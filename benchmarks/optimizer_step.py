@@ -56,6 +56,7 @@ class Config:
     label: str
     accum_steps: int | None  # None: torch.optim.AdamW
     foreach: bool
+    noise_ranks: int = 1
 
     def make(self, groups: ParamGroups) -> Optimizer:
         # Fresh group dicts: Optimizer.add_param_group fills the dict it is given with its defaults
@@ -64,7 +65,9 @@ class Config:
         groups = [dict(group) for group in groups]
         if self.accum_steps is None:
             return torch.optim.AdamW(groups, lr=LR, foreach=self.foreach)
-        return AccumAdamW(groups, lr=LR, accum_steps=self.accum_steps, foreach=self.foreach)
+        return AccumAdamW(
+            groups, lr=LR, accum_steps=self.accum_steps, noise_ranks=self.noise_ranks, foreach=self.foreach
+        )
 
 
 CONFIGS = (  # the first is the baseline the others are compared with
@@ -72,6 +75,8 @@ CONFIGS = (  # the first is the baseline the others are compared with
     Config("AccumAdamW(accum_steps=1, foreach)", accum_steps=1, foreach=True),
     Config(TARGET, accum_steps=4, foreach=True),
     Config("AccumAdamW(accum_steps=4, for-loop)", accum_steps=4, foreach=False),
+    # DecentralizedAdam's default on 16 ranks: the second moment of the mean gradient over all ranks
+    Config("AccumAdamW(noise_ranks=16, foreach)", accum_steps=1, foreach=True, noise_ranks=16),
 )
 
 
@@ -194,6 +199,7 @@ def check_settings(result: Result) -> None:
     for group in result.optimizer.param_groups:
         assert group["foreach"] is config.foreach, (config.label, group["foreach"])
         assert group.get("accum_steps") == config.accum_steps, (config.label, group.get("accum_steps"))
+        assert group.get("noise_ranks", 1) == config.noise_ranks, (config.label, group.get("noise_ranks"))
         assert group["lr"] == LR
 
 
