@@ -235,7 +235,13 @@ def skipping_worker(rank: int, world_size: int, overlap: str) -> torch.Tensor:
     torch.manual_seed(0)
     layers = nn.ModuleList(nn.Linear(8, 8, bias=False) for _ in range(3)).double()
     optimizer = DecentralizedAdam(
-        layers.parameters(), lr=LR, accum_steps=2, topology="complete", bucket_size_mb=1e-6, overlap=overlap
+        layers.parameters(),
+        lr=LR,
+        accum_steps=2,
+        second_moment="local",
+        topology="complete",
+        bucket_size_mb=1e-6,
+        overlap=overlap,
     )
     assert len(optimizer.buckets) == 3
     for step in range(6):
@@ -501,6 +507,7 @@ def run_with_late_parameter(overlap: str) -> torch.Tensor:
         [*first.parameters(), *second.parameters()],
         lr=LR,
         accum_steps=2,
+        second_moment="local",
         overlap=overlap,  # type: ignore[arg-type]
     )
     for step in range(5):

@@ -38,8 +38,16 @@ def worker(rank: int, world_size: int) -> dict[str, Any]:
     ddp = nn.parallel.DistributedDataParallel(reference)
     adamw = torch.optim.AdamW(ddp.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     model = make_model()
+    # The gradient is already the mean over all ranks, so the second moment must not remove noise again.
     decentralized = DecentralizedAdam(
-        model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, accum_steps=1, topology="complete"
+        model.parameters(),
+        lr=LR,
+        betas=BETAS,
+        eps=EPS,
+        weight_decay=WD,
+        accum_steps=1,
+        second_moment="local",
+        topology="complete",
     )
     handle = install()
     try:
@@ -71,8 +79,15 @@ def test_decentralized_adam_on_the_mean_gradient_is_allreduce_adamw() -> None:
 
 def own_gradients(rank: int, world_size: int) -> list[float]:
     model = make_model()
-    optimizer = DecentralizedAdam(
-        model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, accum_steps=1, topology="complete"
+    optimizer = DecentralizedAdam(  # the oracle's optimizer, without the hook
+        model.parameters(),
+        lr=LR,
+        betas=BETAS,
+        eps=EPS,
+        weight_decay=WD,
+        accum_steps=1,
+        second_moment="local",
+        topology="complete",
     )
     losses = []
     for step in range(STEPS):

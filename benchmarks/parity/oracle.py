@@ -1,7 +1,8 @@
 """Oracle of the parity study: do the All-Reduce and decentralized paths of the recipe agree?
 
 Trains the translation recipe twice on the same seed, data and steps: All-Reduce (DDP + AdamW),
-and ``DecentralizedAdam`` on the complete graph with ``accum_steps=1``, All-Reduce's betas and
+and ``DecentralizedAdam`` on the complete graph with ``accum_steps=1``, ``second_moment='local'``
+(the gradient it sees is already the mean), All-Reduce's betas and
 every rank's gradient replaced by the mean over all ranks before each step
 (``benchmarks.parity.mean_gradients``). That second run is All-Reduce AdamW computed another way,
 so its training losses must equal the first run's up to floating-point summation order for the
@@ -32,7 +33,13 @@ RUNS = {
     "allreduce": ("recipes.translation.train", ["--optimizer", "allreduce"]),
     "mean_gradients": (
         "benchmarks.parity.mean_gradients",
-        ["--optimizer", "decentralized", "optim.topology=complete", "optim.accum_steps=1"],
+        [
+            "--optimizer",
+            "decentralized",
+            "optim.topology=complete",
+            "optim.accum_steps=1",
+            "optim.second_moment=local",
+        ],
     ),
 }
 
