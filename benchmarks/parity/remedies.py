@@ -27,10 +27,17 @@ Rules (bytes: what a rank sends per step beyond the parameters):
                    exchange (each rank knows its own step; the mixed weights tell the
                    neighbours' mean step; remedy c at no extra bytes; exact on the complete
                    graph, inexact where the previous mixing left the ranks apart)
+``gm-oracle``      All-Reduce's momentum and v before this step plus the rank's own         params
+                   gradient (the ideal that quasi-global momentum approximates, remedy g)
 =================  ======================================================================  =========
 
 ``--intra L`` averages gradients inside nodes of L ranks before any rule (remedy f: the
-parameter bytes again, on the fast link).
+parameter bytes again, on the fast link). ``--mix-weight alpha`` mixes lazily,
+``X <- ((1 - alpha) I + alpha W(t)) X - lr * D`` (no extra bytes). ``--eval-at`` moves the point
+where a rank takes its next gradient away from the weights it sends: ``mixed`` (before its own
+step) or, with ``corrected-v``, ``predicted`` (plus the part of its step it expects the other
+ranks to share); the mean of the ranks' weights is unchanged, so these isolate the effect of
+where each rank's gradient is taken.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from benchmarks.parity.workers import Workers, schedule
 from decentadam.topology import build as build_topology
 from recipes.translation import config
 
-RULES = ("allreduce", "local", "v-oracle", "corrected-v", "tracking", "recovered")
+RULES = ("allreduce", "local", "v-oracle", "corrected-v", "tracking", "recovered", "gm-oracle")
 ESTIMATORS = ("momentum", "difference", "square")
 
 
@@ -80,6 +87,8 @@ class Ranks:
 class Rule:
     """Adam hyper-parameters and the topology; ``step`` updates ``ranks.X`` in place."""
 
+    expected: Tensor  # --eval-at predicted: the part of each rank's step it expects the others to share
+
     def __init__(
         self, ranks: Ranks, args: argparse.Namespace, betas: tuple[float, float], eps: float
     ) -> None:
@@ -90,6 +99,7 @@ class Rule:
         self.M, self.V = torch.zeros(shape), torch.zeros(shape)
         self.topology = build_topology(args.topology, ranks.n, args.local_world_size) if ranks.n > 1 else None
         self.extra = {name: torch.zeros(shape) for name in self.buffers()}
+        self.sent = ranks.X.clone()  # what each rank sent last; X is where its next gradient is taken
 
     def buffers(self) -> tuple[str, ...]:
         return ()
@@ -104,11 +114,17 @@ class Rule:
         if self.args.intra > 1:  # the mean gradient of each node's ranks
             by_node = G.view(self.n // self.args.intra, self.args.intra, -1).mean(1, keepdim=True)
             G.copy_(by_node.expand(-1, self.args.intra, -1).reshape(self.n, -1))
-        X = self.ranks.X
-        mixed = X.clone() if self.t == 0 else self.W(self.t) @ X  # x_j(t) mixed before the local step
-        delta = mixed - X
+        X, sent = self.ranks.X, self.sent
+        mixed = sent.clone() if self.t == 0 else self.W(self.t) @ sent  # x_j(t) mixed before the step
+        if self.args.mix_weight != 1.0:  # lazy mixing: W' = (1 - alpha) I + alpha W
+            mixed.mul_(self.args.mix_weight).add_(sent, alpha=1 - self.args.mix_weight)
+        delta = mixed - sent
         self.t += 1
-        X.copy_(mixed - lr * self.direction(G, delta, lr))
+        sent.copy_(mixed - lr * self.direction(G, delta, lr))
+        if self.args.eval_at == "predicted":  # the part of its step a rank expects the others to share
+            X.copy_(mixed - lr * self.expected)
+        else:
+            X.copy_(sent if self.args.eval_at == "sent" else mixed)
 
     def direction(self, G: Tensor, delta: Tensor, lr: float) -> Tensor:
         raise NotImplementedError
@@ -182,8 +198,33 @@ class CorrectedV(Rule):
             v_hat = v_hat / n + (1 - 1 / n) * m_hat * m_hat
         elif t > 1:
             corrected = v_hat - (1 - 1 / n) * noise / (1 - beta2 ** (t - 1))
+            own = v_hat
             v_hat = torch.maximum(corrected, v_hat / n)
-        return m_hat / (v_hat.sqrt() + self.eps)
+        d = m_hat / (v_hat.sqrt() + self.eps)
+        if self.args.eval_at == "predicted":
+            # E[mean_j D_j | m_i]: m_i = mu + e_i; mu shrunk by rho = mu^2 / (mu^2 + Var e), e_i by 1/n
+            if t > 1 and estimator != "square":
+                noise_hat = noise / (1 - beta2 ** (t - 1))
+                signal = (own - noise_hat).clamp_(min=0)
+                rho = signal / (signal + noise_hat * (1 - beta1) / (1 + beta1) + 1e-30)
+                self.expected = d * (rho + (1 - rho) / n)
+            else:
+                self.expected = d / n
+        return d
+
+
+class GlobalMomentumOracle(Rule):
+    """An oracle: the momentum and v of All-Reduce (from the mean gradient) before this step, and
+    this step's own gradient: D_i = (beta1 Mbar + (1 - beta1) g_i) / sqrt(Vbar), so that the mean of
+    the ranks' steps is All-Reduce's and only the (1 - beta1) g_i part differs between ranks."""
+
+    def direction(self, G: Tensor, delta: Tensor, lr: float) -> Tensor:
+        beta1, beta2, t = self.beta1, self.beta2, self.t
+        g = G.mean(0, keepdim=True)
+        m = torch.lerp(self.M[:1], G, 1 - beta1)  # (n, d): the mean momentum with each own gradient
+        self.M.lerp_(g.expand_as(G), 1 - beta1)
+        self.V.mul_(beta2).addcmul_(g.expand_as(G), g.expand_as(G), value=1 - beta2)
+        return self.adam(m, self.V, t)
 
 
 class Tracking(Rule):
@@ -239,7 +280,7 @@ class Recovered(Rule):
 
 RULE_CLASSES = {
     "allreduce": AllReduce, "local": Local, "v-oracle": VOracle, "corrected-v": CorrectedV,
-    "tracking": Tracking, "recovered": Recovered,
+    "tracking": Tracking, "recovered": Recovered, "gm-oracle": GlobalMomentumOracle,
 }  # fmt: skip
 
 
@@ -257,6 +298,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--window-betas", action="store_true", help="local: betas**s per window")
     parser.add_argument("--estimator", choices=ESTIMATORS, default="momentum", help="corrected-v")
     parser.add_argument("--intra", type=int, default=1, help="average gradients in nodes of this many ranks")
+    parser.add_argument(
+        "--eval-at",
+        choices=("sent", "mixed", "predicted"),
+        default="sent",
+        help="where a rank takes its next gradient: the weights it sent (its own step applied), the "
+        "mixed weights before its own step, or (corrected-v) the mixed weights plus the part of its step "
+        "it expects the others to share",
+    )
+    parser.add_argument(
+        "--mix-weight", type=float, default=1.0, help="alpha of the lazy mixing (1 - alpha) x_i + alpha W x"
+    )
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--threads", type=int, default=0)
