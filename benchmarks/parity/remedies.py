@@ -19,8 +19,9 @@ Rules (bytes: what a rank sends per step beyond the parameters):
 ``v-oracle``       m from the rank's gradient, v from the all-reduced gradient              params
 ``corrected-v``    v minus the share of the rank's noise that averaging over n removes,      0
                    the noise estimated by ``--estimator``: ``momentum`` (deviation from
-                   the momentum), ``difference`` (of consecutive gradients) or
-                   ``square`` (v - m^2) (remedy e)
+                   the momentum), ``difference`` (of consecutive gradients),
+                   ``square`` (v - m^2) or ``lag`` (the mean's square from consecutive
+                   gradients' product, which an oscillating mean keeps) (remedy e)
 ``tracking``       Adam on a tracked average gradient y_i = sum_j W_ij y_j + g_i - g_i'      params
                    (gradient tracking, remedy d)
 ``recovered``      v from the neighbourhood's mean gradient, recovered from the parameter   0
@@ -58,7 +59,7 @@ from decentadam.topology import build as build_topology
 from recipes.translation import config
 
 RULES = ("allreduce", "local", "v-oracle", "corrected-v", "tracking", "recovered", "gm-oracle")
-ESTIMATORS = ("momentum", "difference", "square")
+ESTIMATORS = ("momentum", "difference", "square", "lag")
 
 
 class Ranks:
@@ -190,12 +191,18 @@ class CorrectedV(Rule):
         elif t > 1 and estimator == "difference":
             difference = G - previous
             noise.mul_(beta2).addcmul_(difference, difference, value=(1 - beta2) / 2)
+        elif t > 1 and estimator == "lag":  # E[g_t g_(t-1)]: the mean's square, oscillating or not
+            noise.mul_(beta2).addcmul_(G, previous, value=1 - beta2)
         previous.copy_(G)
         self.M.lerp_(G, 1 - beta1)
         self.V.mul_(beta2).addcmul_(G, G, value=1 - beta2)
         m_hat, v_hat = self.M / (1 - beta1**t), self.V / (1 - beta2**t)
         if estimator == "square":
             v_hat = v_hat / n + (1 - 1 / n) * m_hat * m_hat
+        elif estimator == "lag" and t > 1:
+            mean_square = torch.minimum((noise / (1 - beta2 ** (t - 1))).abs(), v_hat)
+            own = v_hat
+            v_hat = mean_square + (v_hat - mean_square) / n
         elif t > 1:
             corrected = v_hat - (1 - 1 / n) * noise / (1 - beta2 ** (t - 1))
             own = v_hat
