@@ -53,11 +53,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks" / "cluster"))
 sys.path.insert(0, str(REPO))
 
-from netns import ClusterSpec, EmulatedCluster, missing_requirements  # noqa: E402
-
+from benchmarks.cluster.linkprobe import probe  # noqa: E402
+from benchmarks.cluster.netns import ClusterSpec, EmulatedCluster, missing_requirements  # noqa: E402
+from benchmarks.machine import machine  # noqa: E402
 from decentadam.runtime_model import ALLREDUCE, Cluster, Prediction, Workload, predict  # noqa: E402
 from recipes.translation.compare import bleu, curve, plot_curves  # noqa: E402
 
@@ -1053,8 +1053,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": {} if baseline is None else {BASELINE: baseline},
     }
     spec = ClusterSpec(nodes=NODES, rate_mbit=rate, prefix=settings.prefix)
-    from run import probe  # benchmarks/cluster/run.py: the TCP probes its model inputs come from
-
     with EmulatedCluster(spec) as cluster:
         probes = {
             "duplex": probe(cluster, [(0, 1), (1, 0)], rate / 8 * 2.0),  # ~2 s: past TCP's slow start
@@ -1100,8 +1098,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["bleu_command"] = shlex.join(bleu_command)
         result.update(scores)
     report["elapsed_seconds"] = round(time.monotonic() - started, 1)
-    from run import machine  # benchmarks/cluster/run.py: the same machine description
-
     report["machine"] = machine()
     paths = write_report(report, settings.out_dir)
     print(summary(report))
