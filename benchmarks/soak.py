@@ -30,6 +30,12 @@ Writes ``benchmarks/results/soak.{json,md}`` (``--out`` to change).
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the `benchmarks` package would not be importable
+    raise SystemExit(
+        f"{__file__} is a module of the benchmarks package: run python -m benchmarks.soak "
+        "from the repository root"
+    )
+
 import argparse
 import datetime
 import gc

@@ -18,6 +18,12 @@ nothing is fitted to the configurations it predicts. The decent-dp cases need th
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the `benchmarks` package would not be importable
+    raise SystemExit(
+        f"{__file__} is a module of the benchmarks package: run python -m benchmarks.cluster.run "
+        "from the repository root"
+    )
+
 import argparse
 import importlib.util
 import json
