@@ -9,7 +9,7 @@ MODEL_TOLERANCE = 0.15
 # ------------------------------------------------------------------------- the cluster benchmark
 
 CLUSTER_AER_RATIO = 0.5
-"""AER's iteration should take at most half of All-Reduce's (issue 4)."""
+"""AER's iteration should take at most half of All-Reduce's."""
 CLUSTER_BOUND_RATIO = 1.10
 """... and at most 10% more than the model's lower bound max(C, comm)."""
 

@@ -220,7 +220,7 @@ def write_report(
         per_run_bound = ", ".join(f"{m / aer.lower_bound_ms:.2f}x" for m in aer.run_means_ms)
         over = f"mean of {runs} runs" if runs > 1 else "one run"
         lines += [
-            "## Targets (issue 4)",
+            "## Targets",
             "",
             f"- AER vs All-Reduce per-iteration time ({over}): "
             f"{aer.mean_ms:.0f} ms vs {ar.mean_ms:.0f} ms = "
