@@ -24,6 +24,7 @@ MODEL_MISSED = 0.10
 WAIT_SHARE = 0.10
 """Ranks that block for more than this share of C per step wait for their exchanges noticeably."""
 GOSSIP_SHARE = 0.25
-"""AER's distance to All-Reduce is called the gossip's when AER is above AccumAdam on the complete
-graph (exact averaging, same local steps) by more than this share of that distance at some common
-evaluation; at or below it at every one, the distance is in what both AccumAdam runs share."""
+"""AER's distance to All-Reduce is called (partly) the gossip's when AER's excess over AccumAdam on
+the complete graph (exact averaging, the same local steps), summed over the common evaluations where
+AER is behind All-Reduce, is more than this share of its distance to All-Reduce summed over them;
+at or below it, the distance is in what both AccumAdam runs do differently from All-Reduce."""
