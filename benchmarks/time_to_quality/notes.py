@@ -183,9 +183,9 @@ def topology_note(gap: TopologyGap) -> Note:
     rest = f"{min(gap.complete_behind):.2f} to {max(gap.complete_behind):.2f}"
     measured = (
         f"AccumAdam-complete (the exact average of all replicas every step, the same local steps) and "
-        f"AER differ by at most {between:.3f} in validation loss at equal steps: {share} of AER's distance "
-        f"to All-Reduce over the evaluations where it is behind, while All-Reduce is {rest} below "
-        "AccumAdam-complete"
+        f"AER differ by at most {between:.3f} in validation loss at equal steps; AER's excess over it is "
+        f"{share} of AER's distance to All-Reduce (summed over the evaluations where AER is behind), and "
+        f"All-Reduce is {rest} below AccumAdam-complete"
     )
     if gap.is_gossips:
         return Note(
