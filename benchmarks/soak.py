@@ -3,8 +3,8 @@ groups must stay flat.
 
 Run from the repository root (on a shared machine, under its CPU lock)::
 
-    OMP_NUM_THREADS=1 flock /tmp/decentadam-cpu.lock .venv/bin/python benchmarks/soak.py
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/soak.py --steps 400 --sample-every 50 --out /tmp/soak
+    OMP_NUM_THREADS=1 flock /tmp/decentadam-cpu.lock .venv/bin/python -m benchmarks.soak
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.soak --steps 400 --sample-every 50 --out /tmp/soak
 
 Each mode trains a small MLP (32 -> 64 -> 8, 2,632 parameters, one bucket) on a fixed batch per
 rank, 4 ranks emulating 2 nodes x 2 (``local_world_size=2``), for ``--steps`` steps:
@@ -30,6 +30,12 @@ Writes ``benchmarks/results/soak.{json,md}`` (``--out`` to change).
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the `benchmarks` package would not be importable
+    raise SystemExit(
+        f"{__file__} is a module of the benchmarks package: run python -m benchmarks.soak "
+        "from the repository root"
+    )
+
 import argparse
 import datetime
 import gc
@@ -49,12 +55,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from benchmarks.a2cid2_straggler import free_port  # the same loopback launch
+from benchmarks.machine import machine
 from decentadam import A2CiD2, DecentralizedAdam
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "cluster"))
-
-from a2cid2_straggler import free_port  # this directory: the same loopback launch
-from run import machine  # benchmarks/cluster/run.py: the same machine description
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("aer-step", "aer-backward", "a2cid2")
@@ -367,9 +370,7 @@ def report(summaries: list[dict[str, Any]], args: argparse.Namespace, command: s
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = "python " + " ".join(
-        shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])]
-    )
+    command = shlex.join(["python", "-m", "benchmarks.soak", *(sys.argv[1:] if argv is None else argv)])
     config = {
         "modes": args.modes,
         "steps": args.steps,

@@ -13,10 +13,14 @@ from pathlib import Path
 
 import pytest
 
-CLUSTER_DIR = str(Path(__file__).resolve().parents[1] / "benchmarks" / "cluster")
-sys.path.insert(0, CLUSTER_DIR)
+from benchmarks.cluster.netns import (
+    ClusterSpec,
+    EmulatedCluster,
+    missing_requirements,
+    namespaces_with_prefix,
+)
 
-from netns import ClusterSpec, EmulatedCluster, missing_requirements, namespaces_with_prefix  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
@@ -31,7 +35,8 @@ def _in(cluster: EmulatedCluster, node: int, *argv: str) -> subprocess.Completed
 
 
 def _send(cluster: EmulatedCluster, src: int, dst: int, nbytes: int) -> None:
-    """Send nbytes over TCP from node src to node dst's address (a tiny one-shot receiver)."""
+    """Send nbytes over TCP from node src to node dst's address (a tiny one-shot receiver on a port
+    the kernel picks)."""
     host = cluster.spec.address(dst)
     receiver = subprocess.Popen(
         [
@@ -39,7 +44,8 @@ def _send(cluster: EmulatedCluster, src: int, dst: int, nbytes: int) -> None:
             sys.executable,
             "-c",
             "import socket,sys\n"
-            f"s=socket.create_server(('{host}', 5601)); print('ready', flush=True); c,_=s.accept(); n=0\n"
+            f"s=socket.create_server(('{host}', 0)); print(s.getsockname()[1], flush=True); c,_=s.accept()\n"
+            "n=0\n"
             "while (b := c.recv(1 << 16)): n += len(b)\n"
             "print(n)",
         ],
@@ -47,13 +53,14 @@ def _send(cluster: EmulatedCluster, src: int, dst: int, nbytes: int) -> None:
         text=True,
     )
     assert receiver.stdout is not None
-    assert receiver.stdout.readline().strip() == "ready"
+    port = int(receiver.stdout.readline())
     sender = _in(
         cluster,
         src,
         sys.executable,
         "-c",
-        f"import socket; c=socket.create_connection(('{host}', 5601)); c.sendall(b'x' * {nbytes}); c.close()",
+        f"import socket; c=socket.create_connection(('{host}', {port})); c.sendall(b'x' * {nbytes}); "
+        "c.close()",
     )
     assert sender.returncode == 0, sender.stderr
     out, _ = receiver.communicate(timeout=30)
@@ -104,15 +111,15 @@ def test_teardown_after_an_exception_and_leftovers_are_cleaned() -> None:
 
 
 def test_sigterm_tears_down() -> None:
-    script = (
-        f"import sys, time; sys.path.insert(0, {CLUSTER_DIR!r})\n"
-        "from netns import ClusterSpec, EmulatedCluster\n"
+    script = (  # run from the repository root: `python -c` imports the benchmarks package from there
+        "import time\n"
+        "from benchmarks.cluster.netns import ClusterSpec, EmulatedCluster\n"
         f"with EmulatedCluster(ClusterSpec(nodes=2, prefix={PREFIX!r})):\n"
         "    print('up', flush=True)\n"
         "    time.sleep(60)\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "up"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +10,9 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="the report's plot needs matplotlib (pip install '.[bench]')")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "cluster"))
-
-from report import write_report
-from run import BenchConfig, Case, parse_args, predictions, summarize
-
+from benchmarks.cluster.cases import BenchConfig, Case, Outcome, predictions, summarize
+from benchmarks.cluster.report import write_report
+from benchmarks.cluster.run import parse_args
 from decentadam.runtime_model import ALLREDUCE, Cluster
 
 CONFIG = BenchConfig(nodes=2, ranks_per_node=2, iters=4, repeats=2, stragglers=False)
@@ -42,7 +39,7 @@ def fake_run(iteration_s: float, link_bytes: int = 4_000_000) -> dict[str, Any]:
     return {"ranks": ranks}
 
 
-def outcome(case: Case, *iteration_s: float) -> Any:
+def outcome(case: Case, *iteration_s: float) -> Outcome:
     return summarize(
         case, [fake_run(s) for s in iteration_s], CONFIG, *predictions(case, CONFIG, CALIBRATION, CLUSTER)
     )

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "cluster"))
-
-from worker import EmulatedModel, RankResult, WorkerSpec, busy_share, host_cpu_jiffies, run_exchange
-
+from benchmarks.cluster.worker import (
+    EmulatedModel,
+    RankResult,
+    WorkerSpec,
+    busy_share,
+    host_cpu_jiffies,
+    run_exchange,
+)
 from decentadam.shutdown import close_all
 from tests.distributed_harness import run_distributed
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from decentadam import DecentralizedAdam, checkpoint_files
+from decentadam.collectives import SingleProcessCommunicator
 from recipes.common import cli, launch, loop, optim, run
 from recipes.common.config import ConfigError, Presets, check_choice, check_positive
 
@@ -217,6 +218,14 @@ def test_the_builder_makes_each_optimizer_with_its_betas_and_the_groups() -> Non
     paper = optim.build_optimizer(Block(), "decentralized", **settings(accum_steps=4, second_moment="local"))
     assert isinstance(paper, DecentralizedAdam) and paper.param_groups[0]["accum_steps"] == 4
     paper.close()
+    class FourRanks(SingleProcessCommunicator):  # as rank 2 of 4, exchanges that finish at once
+        rank, world_size = 2, 4
+
+    given = FourRanks()
+    offline = optim.build_optimizer(Block(), "decentralized", **settings(), communicator=given)
+    assert isinstance(offline, DecentralizedAdam) and offline.communicator is given
+    assert offline.world_size == 4
+    offline.close()
     with pytest.raises(ConfigError, match=r"optim\.accum_steps = 4 with optim\.second_moment = 'all_ranks'"):
         optim.build_optimizer(Block(), "decentralized", **settings(accum_steps=4))
     with pytest.raises(ConfigError, match=r"optim\.second_moment = 'global'"):

@@ -1,4 +1,4 @@
-"""The soak (benchmarks/soak.py): threads, open files, memory and process groups stay flat while
+"""The soak (``python -m benchmarks.soak``): threads, open files, memory and process groups stay flat while
 DecentralizedAdam (aer, both overlaps) and A2CiD2 exchange, and come back once the optimizer goes.
 
 The default suite runs a short soak (a few hundred steps per mode); ``pytest -m slow`` runs the full
@@ -8,16 +8,12 @@ one, whose numbers docs/testing.md reports.
 from __future__ import annotations
 
 import copy
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import soak  # noqa: E402
+from benchmarks import soak
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="samples /proc (Linux)")
 

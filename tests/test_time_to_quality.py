@@ -1,5 +1,5 @@
-"""benchmarks/time_to_quality.py: the link-rate solver, the report on made-up runs, argument errors,
-and (as root, with ``ip netns``) the whole command on a tiny model and corpus."""
+"""benchmarks.time_to_quality: the link-rate solver, the report on made-up runs, which note the numbers
+choose, argument errors, and (as root, with ``ip netns``) the whole command on a tiny model and corpus."""
 
 from __future__ import annotations
 
@@ -15,28 +15,30 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="the report's plot needs matplotlib (pip install '.[bench]')")
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.thresholds import GOSSIP_SHARE, MODEL_MISSED, WAIT_SHARE
+from benchmarks.time_to_quality import cli, curves, notes, rates
+from benchmarks.time_to_quality import report as reporting
+from benchmarks.time_to_quality.settings import parse_args
 
-import time_to_quality as ttq  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 # ------------------------------------------------------------------------------------ the link rate
 
 
 def test_rate_makes_allreduce_communicate_one_and_a_half_compute() -> None:
     compute_s, param_bytes = 1.1, 30e6
-    rate = ttq.solve_rate_mbit(compute_s, param_bytes)
-    assert ttq.allreduce_comm_s(rate, param_bytes) == pytest.approx(1.5 * compute_s, rel=5e-3)
+    rate = rates.solve_rate_mbit(compute_s, param_bytes)
+    assert rates.allreduce_comm_s(rate, param_bytes) == pytest.approx(1.5 * compute_s, rel=5e-3)
     # 2 x 2 ranks: the ring crosses each node link with 2 (n-1)/n S = 1.5 S per direction
     assert rate == pytest.approx(1.5 * param_bytes * 8 / 1e6 / (1.5 * compute_s), rel=5e-3)
-    assert ttq.solve_rate_mbit(compute_s, param_bytes, ratio=3.0) == pytest.approx(rate / 2, rel=5e-3)
+    assert rates.solve_rate_mbit(compute_s, param_bytes, ratio=3.0) == pytest.approx(rate / 2, rel=5e-3)
     assert rate == float(f"{rate:.3g}")  # printed and used with 3 significant digits
 
 
 @pytest.mark.parametrize("args", [(0.0, 30e6), (1.0, 0.0), (1.0, 30e6, -1.0)])
 def test_rate_solver_rejects_non_positive_inputs(args: tuple[float, ...]) -> None:
     with pytest.raises(ValueError, match="must be > 0"):
-        ttq.solve_rate_mbit(*args)
+        rates.solve_rate_mbit(*args)
 
 
 # ------------------------------------------------------------------------------------ the report
@@ -48,15 +50,15 @@ def points(*values: tuple[int, float, float]) -> list[dict[str, float]]:
 
 def test_time_to_target_interpolates_and_says_when_never() -> None:
     curve = points((10, 10.0, 5.0), (20, 20.0, 4.0), (30, 30.0, 3.0))
-    assert ttq.time_to_reach(curve, 3.5) == pytest.approx(25.0)
-    assert ttq.time_to_reach(curve, 4.0) == pytest.approx(20.0)
-    assert ttq.time_to_reach(curve, 6.0) == pytest.approx(10.0)  # already there at the first point
-    assert ttq.time_to_reach(curve, 2.9) is None
-    assert ttq.time_to_reach([], 1.0) is None
+    assert curves.time_to_reach(curve, 3.5) == pytest.approx(25.0)
+    assert curves.time_to_reach(curve, 4.0) == pytest.approx(20.0)
+    assert curves.time_to_reach(curve, 6.0) == pytest.approx(10.0)  # already there at the first point
+    assert curves.time_to_reach(curve, 2.9) is None
+    assert curves.time_to_reach([], 1.0) is None
     # the first interval (warm-up) is left out of ms per iteration
-    assert ttq.steady_ms_per_iter(points((10, 15.0, 5.0), (20, 25.0, 4.0), (30, 35.0, 3.0))) == 1000.0
-    assert ttq.steady_ms_per_iter(points((10, 15.0, 5.0))) == 1500.0
-    assert ttq.steady_ms_per_iter([]) is None
+    assert curves.steady_ms_per_iter(points((10, 15.0, 5.0), (20, 25.0, 4.0), (30, 35.0, 3.0))) == 1000.0
+    assert curves.steady_ms_per_iter(points((10, 15.0, 5.0))) == 1500.0
+    assert curves.steady_ms_per_iter([]) is None
 
 
 def made_up_report() -> dict[str, Any]:
@@ -80,7 +82,7 @@ def made_up_report() -> dict[str, Any]:
         }
 
     return {
-        "command": ".venv/bin/python benchmarks/time_to_quality.py --data D --steps 30",
+        "command": ".venv/bin/python -m benchmarks.time_to_quality --data D --steps 30",
         "preset": "multi30k-en-de",
         "data": "/data",
         "overrides": ["optim.accum_steps=2"],
@@ -109,7 +111,7 @@ def made_up_report() -> dict[str, Any]:
 
 
 def test_report_from_made_up_runs(tmp_path: Path) -> None:
-    paths = ttq.write_report(made_up_report(), tmp_path)
+    paths = reporting.write_report(made_up_report(), tmp_path)
     assert [p.name for p in paths] == ["time_to_quality.md", "time_to_quality.json", "time_to_quality.png"]
     assert all(p.stat().st_size > 0 for p in paths)
     report = json.loads(paths[1].read_text())
@@ -158,51 +160,68 @@ def test_comm_wait_from_the_runs_tensorboard_logs(tmp_path: Path) -> None:
         writer.add_scalar("decentadam/comm_wait_ms", value, step)
         writer.add_scalar("train/loss", 1.0, step)
     writer.close()
-    assert ttq.comm_wait_ms(tmp_path / "aer") == pytest.approx(500.0)
+    assert curves.comm_wait_ms(tmp_path / "aer") == pytest.approx(500.0)
     writer = SummaryWriter(str(tmp_path / "allreduce" / "tb"))
     writer.add_scalar("train/loss", 1.0, 50)
     writer.close()
-    assert ttq.comm_wait_ms(tmp_path / "allreduce") is None
-    assert ttq.comm_wait_ms(tmp_path / "nowhere") is None
-
-    report = made_up_report()
-    report["runs"]["aer"]["comm_wait_ms"] = 300.0  # the model has 500 ms of exchange under C = 1000
-    report["runs"]["aer"]["predicted"]["iteration_ms"] = 850.0  # and predicts 15% less than measured
-    report["runs"]["complete"]["comm_wait_ms"] = 150.0  # predicted within 10%: nothing missed
-    md = ttq.markdown(ttq.analyse(report))
-    assert (
-        "Its ranks blocked 300 ms per step waiting for exchanges (decentadam/comm_wait_ms), where the "
-        "model has the exchange hidden under the next step's compute: the overlap is the term it misses" in md
-    )
-    assert "Its ranks blocked 150 ms per step waiting for exchanges (decentadam/comm_wait_ms)." in md
+    assert curves.comm_wait_ms(tmp_path / "allreduce") is None
+    assert curves.comm_wait_ms(tmp_path / "nowhere") is None
 
 
-def test_goals_say_when_aer_misses() -> None:
+def test_the_overlap_note_needs_a_fast_model_a_hidden_exchange_and_long_waits() -> None:
+    runs = curves.analyse(made_up_report())["runs"]  # C = 1000 ms; AER: 1000 ms per iteration
+    compute_ms, wait = 1000.0, WAIT_SHARE * 1000.0
+    aer = runs["aer"]
+    aer["predicted"] |= {"iteration_ms": (1 - MODEL_MISSED) * 1000.0 - 1, "comm_ms": 500.0}
+    aer["comm_wait_ms"] = wait + 1
+    assert notes.overlap_missed(aer, compute_ms)
+    # each condition alone decides
+    assert not notes.overlap_missed({**aer, "comm_wait_ms": wait}, compute_ms)  # short waits
+    assert not notes.overlap_missed({**aer, "comm_wait_ms": None}, compute_ms)  # no exchanges
+    close = {**aer["predicted"], "iteration_ms": (1 - MODEL_MISSED) * 1000.0 + 1}
+    assert not notes.overlap_missed({**aer, "predicted": close}, compute_ms)  # the model is close
+    exposed = {**aer["predicted"], "comm_ms": compute_ms + 1}
+    assert not notes.overlap_missed({**aer, "predicted": exposed}, compute_ms)  # exchange not hidden
+
+    runs["complete"]["comm_wait_ms"] = 150.0  # predicted within 10% of its 1100 ms: nothing missed
+    found = notes.model_notes(runs, compute_ms)
+    assert [note.kind for note in found] == ["model", "model, overlap missed", "model"]
+    assert "blocked 101 ms per step" in found[1].text and "(-10%)" in found[1].text
+    assert "blocked 150 ms per step" in found[2].text
+
+
+def test_when_aer_misses_the_notes_say_how_far_it_got_and_why() -> None:
     report = made_up_report()
     report["runs"]["aer"]["curve"] = points((10, 10.0, 5.5), (20, 20.0, 4.5), (30, 30.0, 3.1))
     report["runs"]["aer"]["bleu"] = 29.0
-    ttq.analyse(report)
+    curves.analyse(report)
     assert [g["met"] for g in report["goals"]] == [False, False, True]
     assert report["goals"][0]["measured"] == "not reached"
-    md = ttq.markdown(report)
-    assert "time to target s" in md
-    # why: how far AER got, and its last level split into steps x time per step
-    assert (
-        "- AccumAdam-AER did not reach All-Reduce's final validation loss (3.000) in 30 steps: it ended "
-        "at 3.100. Its iteration took 0.50 x All-Reduce's" in md
+    found = notes.miss_notes(report, compute_ms=1000.0)
+    # AER took 0.50 x All-Reduce's time per iteration; complete (5.5, 4.5, 3.2) is never below AER
+    assert [note.kind for note in found] == [
+        "missed, faster per iteration",
+        "not the gossip's",
+        "last level reached",
+    ]
+    assert "(3.000) in 30 steps: it ended at 3.100" in found[0].text and "0.50 x" in found[0].text
+    # the last of All-Reduce's losses AER reached: 4.000 (All-Reduce's step 20), a 0.5 / 1.4 of the way
+    # from AER's step 20 to 30 = 1.18 x the steps, each at 0.50 x All-Reduce's time per step
+    level = report["levels"][1]["methods"]["aer"]
+    steps = 20 + 10 * 0.5 / 1.4
+    assert (level["steps"], level["steps_ratio"], level["time_ratio"]) == pytest.approx(
+        (steps, steps / 20, steps / 40)
     )
-    assert "what it lacks is progress per optimizer step, not network time." in md
-    assert (
-        "- The last of All-Reduce's evaluated losses AER reached: 4.000 (its step 20), after 24 steps "
-        "= 1.18 x as many, in 0.59 x the time = 1.18 (steps) x 0.50 (time per step)." in md
-    )
+    assert "1.18 (steps) x 0.50 (time per step)" in found[2].text
+    md = reporting.markdown(report)
+    assert all(f"- {note.text}" in md for note in found)
     assert "| 30 | 3.000 | 60 | not reached | - |" in md
-    # complete follows AER (at most 0.1 apart) while All-Reduce is 0.1-0.5 below both
-    assert (
-        "- AccumAdam-complete (the exact average of all replicas every step) and AER differ by at most " in md
-    )
-    assert "0.100 in validation loss at equal steps, while All-Reduce is 0.10 to 0.50 below" in md
-    lines = ttq.summary(report).splitlines()
+
+    report["runs"]["aer"]["curve"] = points((10, 25.0, 5.5), (20, 50.0, 4.5), (30, 75.0, 3.1))
+    curves.analyse(report)  # now 2.5 s per step: slower than All-Reduce's 2 s
+    assert notes.miss_notes(report, 1000.0)[0].kind == "missed, not faster per iteration"
+
+    lines = reporting.summary(report).splitlines()
     assert lines[0].startswith(
         "All-Reduce (DDP + AdamW)   2000 ms/iter (predicted 2200), time to target 60 s"
     )
@@ -211,23 +230,74 @@ def test_goals_say_when_aer_misses() -> None:
     )
 
 
+def runs_of(base: list[float], aer: list[float], complete: list[float]) -> dict[str, dict[str, Any]]:
+    """All-Reduce, AER and complete with these validation losses at steps 10, 20, 30."""
+
+    def curve(nll: list[float]) -> dict[str, Any]:
+        return {"curve": points(*((10 * (i + 1), 10.0 * (i + 1), v) for i, v in enumerate(nll)))}
+
+    return {"allreduce": curve(base), "aer": curve(aer), "complete": curve(complete)}
+
+
+def test_the_topology_note_says_whose_the_distance_is_from_the_curves() -> None:
+    base, aer = [5.0, 4.0, 3.0], [5.5, 4.5, 3.1]  # AER behind by 0.5, 0.5, 0.1: 1.1 in all
+    # complete on AER's curve: none of the distance is the gossip's
+    gap = notes.topology_gap(runs_of(base, aer, [5.5, 4.45, 3.1]))
+    assert gap is not None and gap.steps == (10, 20, 30)
+    assert gap.gossip == pytest.approx((0.0, 0.05, 0.0)) and gap.behind == pytest.approx((0.5, 0.5, 0.1))
+    assert gap.share == pytest.approx(0.05 / 1.1) and not gap.is_gossips
+    note = notes.topology_note(gap)
+    assert note.kind == "not the gossip's" and "0.050" in note.text and "5%" in note.text
+
+    # complete close to All-Reduce: most of AER's distance is the gossip's
+    gap = notes.topology_gap(runs_of(base, aer, [5.1, 4.1, 3.02]))
+    assert gap is not None and gap.share == pytest.approx((0.4 + 0.4 + 0.08) / 1.1) and gap.is_gossips
+    assert notes.topology_note(gap).kind == "gossip"
+
+    # the threshold decides, on either side of it
+    for factor, gossips in ((0.99, False), (1.01, True)):
+        complete = [a - factor * GOSSIP_SHARE * (a - b) for a, b in zip(aer, base, strict=True)]
+        gap = notes.topology_gap(runs_of(base, aer, complete))
+        assert gap is not None and gap.share == pytest.approx(factor * GOSSIP_SHARE)
+        assert gap.is_gossips is gossips
+
+    # AER never behind All-Reduce: no distance to explain
+    gap = notes.topology_gap(runs_of(base, [4.9, 3.9, 3.0], [4.9, 3.9, 3.0]))
+    assert gap is not None and gap.share is None and not gap.is_gossips
+    assert notes.topology_note(gap).kind == "not behind"
+    # without complete or a common evaluation there is nothing to compare
+    assert notes.topology_gap({k: v for k, v in runs_of(base, aer, aer).items() if k != "complete"}) is None
+    runs = runs_of(base, aer, aer)
+    runs["complete"]["curve"] = points((15, 15.0, 4.0))
+    assert notes.topology_gap(runs) is None
+
+
+def test_the_committed_report_s_topology_note_holds_for_its_numbers() -> None:
+    committed = json.loads((ROOT / "benchmarks" / "results" / "time_to_quality.json").read_text())
+    gap = notes.topology_gap(committed["runs"])
+    assert gap is not None and len(gap.steps) == 12
+    assert max(abs(g) for g in gap.gossip) == pytest.approx(0.045, abs=5e-4)  # as the report states
+    assert gap.share is not None and gap.share < GOSSIP_SHARE / 4
+    assert notes.topology_note(gap).kind == "not the gossip's"
+
+
 def test_render_writes_the_report_again_from_the_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     first = tmp_path / "first"
-    ttq.write_report(made_up_report(), first)
+    reporting.write_report(made_up_report(), first)
     again = tmp_path / "again"
-    assert ttq.main(["--render", str(first / "time_to_quality.json"), "--out-dir", str(again)]) == 0
+    assert cli.main(["--render", str(first / "time_to_quality.json"), "--out-dir", str(again)]) == 0
     assert (again / "time_to_quality.md").read_text() == (first / "time_to_quality.md").read_text()
     assert (again / "time_to_quality.png").stat().st_size > 0
     broken = tmp_path / "broken.json"
     broken.write_text('{"runs": ')
     with pytest.raises(SystemExit):
-        ttq.main(["--render", str(broken)])
+        cli.main(["--render", str(broken)])
     assert "cannot read the run's JSON" in capsys.readouterr().err
     broken.write_text("[]")
     with pytest.raises(SystemExit):
-        ttq.main(["--render", str(broken)])
+        cli.main(["--render", str(broken)])
     assert "not a time_to_quality.json" in capsys.readouterr().err
 
 
@@ -254,24 +324,24 @@ def test_argument_errors(
     extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        ttq.parse_args(["--data", str(tmp_path), *extra])
+        parse_args(["--data", str(tmp_path), *extra])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
 
 def test_missing_data_and_busy_work_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        ttq.parse_args(["--data", str(tmp_path / "nowhere")])
+        parse_args(["--data", str(tmp_path / "nowhere")])
     assert "not a directory" in capsys.readouterr().err
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "old").write_text("")
     with pytest.raises(SystemExit):
-        ttq.parse_args(["--data", str(tmp_path), "--work-dir", str(tmp_path / "work")])
+        parse_args(["--data", str(tmp_path), "--work-dir", str(tmp_path / "work")])
     assert "is not empty" in capsys.readouterr().err
 
 
 def test_settings_defaults_and_what_every_training_gets(tmp_path: Path) -> None:
-    settings = ttq.parse_args(["--data", str(tmp_path), "--steps", "300", "optim.accum_steps=2"])
+    settings = parse_args(["--data", str(tmp_path), "--steps", "300", "optim.accum_steps=2"])
     assert settings.methods == ("allreduce", "aer", "complete")
     assert settings.eval_every == 30 and settings.link_mbit is None and settings.comm_ratio == 1.5
     assert settings.recipe_overrides() == [f"data={tmp_path}", "train.log_every=30", "optim.accum_steps=2"]
@@ -286,17 +356,17 @@ def test_baseline_from_an_earlier_report(tmp_path: Path, capsys: pytest.CaptureF
     path = tmp_path / "earlier.json"
     path.write_text(json.dumps(earlier))
     args = ["--data", str(tmp_path), "--baseline", str(path), "optim.accum_steps=2"]
-    settings = ttq.parse_args([*args, "--steps", "60"])
+    settings = parse_args([*args, "--steps", "60"])
     assert settings.methods == ("aer", "complete") and settings.baseline is not None
     assert settings.baseline["from"] == str(path) and settings.baseline["steps"] == 30
     assert settings.baseline["curve"] == earlier["runs"]["allreduce"]["curve"]
     assert settings.link_mbit == 240.0  # the earlier run's rate
     assert settings.link_how == f"the rate of --baseline {path}"
-    assert ttq.parse_args([*args, "--link-mbit", "100"]).link_how == "--link-mbit"
+    assert parse_args([*args, "--link-mbit", "100"]).link_how == "--link-mbit"
 
     def error(extra: list[str]) -> str:
         with pytest.raises(SystemExit):
-            ttq.parse_args([*args, *extra])
+            parse_args([*args, *extra])
         return capsys.readouterr().err
 
     assert "leave allreduce out of --methods" in error(["--methods", "allreduce,aer"])
@@ -312,11 +382,11 @@ def test_baseline_from_an_earlier_report(tmp_path: Path, capsys: pytest.CaptureF
     report = made_up_report()
     report["runs"]["allreduce"].update(steps=30, **{"from": "old/time_to_quality.json", "command": "C"})
     report["runs"]["aer"]["steps"] = 30
-    md = ttq.markdown(ttq.analyse(report))
-    assert (
-        "All-Reduce was not trained in this run: its run (30 steps, same preset, overrides and link rate) "
-        "is the one in `old/time_to_quality.json`, made by `C`" in md
-    )
+    [note] = notes.baseline_note(report)
+    assert note.kind == "baseline" and "(30 steps," in note.text
+    assert "`old/time_to_quality.json`, made by `C`" in note.text
+    assert note.text in reporting.markdown(curves.analyse(report))
+    assert notes.baseline_note(made_up_report()) == []  # trained in this run: nothing to say
 
 
 # ------------------------------------------------------------------------------------ end to end
@@ -336,7 +406,7 @@ def test_the_command_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
     corpus = synthetic.write(tmp_path / "corpus", train=600, val=40, test=12)
     prefix = f"dq{os.getpid() % 100000}"
     command = [
-        sys.executable, str(ROOT / "benchmarks" / "time_to_quality.py"), "--data", str(corpus),
+        sys.executable, "-m", "benchmarks.time_to_quality", "--data", str(corpus),
         "--preset", "demo-synthetic-en-de", "--steps", "4", "--eval-every", "2",
         "--methods", "allreduce,aer", "--calibration-warmup", "1", "--calibration-steps", "2",
         "--work-dir", str(tmp_path / "runs"), "--out-dir", str(tmp_path / "out"), "--prefix", prefix,
@@ -345,7 +415,7 @@ def test_the_command_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
         "model.d_model=32", "model.ffn_dim=64", "model.heads=2", "train.global_tokens=1024",
         "data.val_limit=40",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # run from the repository root: -m finds the packages
     process = subprocess.run(command, capture_output=True, text=True, timeout=220, env=env, cwd=ROOT)
     listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not [line for line in listing.splitlines() if line.startswith(f"{prefix}-")]
@@ -364,7 +434,7 @@ def test_the_command_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
     assert report["runs"]["aer"]["comm_wait_ms"] >= 0
     assert report["calibration"]["param_bytes"] > 0 and report["calibration"]["compute_s"] > 0
     md = (tmp_path / "out" / "time_to_quality.md").read_text()
-    assert "benchmarks/time_to_quality.py --data" in md and "| AccumAdam-AER |" in md
+    assert "-m benchmarks.time_to_quality --data" in md and "| AccumAdam-AER |" in md
     assert (tmp_path / "out" / "time_to_quality.png").stat().st_size > 0
 
     # AER for more steps against that All-Reduce run (--baseline): not trained again, same link rate

@@ -1,6 +1,6 @@
-"""One rank of the cluster benchmark (started by run.py inside its node's network namespace).
+"""One rank of the cluster benchmark (started by ``benchmarks.cluster.run`` inside its node's namespace).
 
-    python worker.py '<json of WorkerSpec>'      # with RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, ...
+    python -m benchmarks.cluster.worker '<json of WorkerSpec>'   # with RANK, WORLD_SIZE, MASTER_ADDR, ...
 
 The model is ``layers`` parameter tensors of ``param_bytes / layers`` bytes each. Compute is
 emulated: layer k's forward sleeps ``f C / layers`` and its backward sleeps ``(1-f) C / layers``
@@ -236,6 +236,7 @@ def run_ours(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> None
         model.parameters(),
         lr=LR,
         accum_steps=spec.accum_steps,
+        second_moment="local",  # AccumAdam's window, as decent-dp's AccumAdamW(accum_iter=...)
         topology=spec.topology,
         local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
         bucket_size_mb=spec.bucket_mb,
@@ -414,6 +415,7 @@ def run_calibrate(spec: WorkerSpec, model: EmulatedModel, result: RankResult) ->
         model.parameters(),
         lr=LR,
         accum_steps=spec.accum_steps,
+        second_moment="local",
         topology="ring",  # every step: a pair, so every step mixes and copies its send buffer
         bucket_size_mb=spec.bucket_mb,
         communicator=_NoCommunication(rank, world),

@@ -20,12 +20,15 @@ weights and every bias are one-dimensional). AdamW and AccumAdamW decay decouple
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from recipes.common.config import ConfigError, check_choice
+
+if TYPE_CHECKING:
+    from decentadam.collectives import Communicator
 
 __all__ = [
     "ALGORITHMS",
@@ -75,6 +78,7 @@ def build_optimizer(
     graph: str = "ring",
     rate: float = 1.0,
     seed: int = 0,
+    communicator: Communicator | None = None,
 ) -> torch.optim.Optimizer:
     """The optimizer of the table above for ``model`` (on its device already).
 
@@ -82,7 +86,8 @@ def build_optimizer(
     is capped to it (one node). ``second_moment="all_ranks"`` gives the local AccumAdamW of A2CiD2
     the same correction as DecentralizedAdam (``noise_ranks = world_size``). Raises ConfigError for
     an unknown optimizer or algorithm, and for a decentralized run with ``sgd`` (DecentralizedAdam is
-    AccumAdamW).
+    AccumAdamW). ``communicator`` replaces DecentralizedAdam's torch.distributed collectives (the
+    time-to-quality benchmark times its step with exchanges that finish at once).
     """
     from decentadam import A2CiD2, AccumAdamW, DecentralizedAdam
 
@@ -109,6 +114,7 @@ def build_optimizer(
             groups, lr=lr, betas=betas_decentralized, eps=eps, weight_decay=weight_decay,
             accum_steps=accum_steps, second_moment=second_moment, topology=topology,  # type: ignore[arg-type]
             local_world_size=min(local_world_size, world_size) if local_world_size else None,
+            communicator=communicator,
         )  # fmt: skip
     local: torch.optim.Optimizer
     if algorithm == "sgd":

@@ -1,9 +1,9 @@
-"""One rank of ``time_to_quality.py``'s calibration: the translation model's compute and optimizer steps.
+"""One rank of the benchmark's calibration: the translation model's compute and optimizer steps.
 
-``benchmarks/time_to_quality.py`` starts this on every rank at once (the 4 processes share the
+``benchmarks.time_to_quality.launch`` starts this on every rank at once (the 4 processes share the
 cores as they do in training), with no process group and no network::
 
-    PYTHONPATH=. python benchmarks/time_to_quality_calibrate.py '{"preset": "multi30k-en-de",
+    python -m benchmarks.time_to_quality.calibrate '{"preset": "multi30k-en-de",
         "overrides": [...], "rank": 0, "world_size": 4, "local_world_size": 2, "warmup": 3, "steps": 12,
         "out": "r0.json"}'
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import statistics
 import sys
@@ -30,7 +31,7 @@ import torch
 
 from decentadam import DecentralizedAdam
 from decentadam.collectives import SingleProcessCommunicator
-from recipes.common.optim import param_groups
+from recipes.common.optim import build_optimizer
 from recipes.translation import config, data
 from recipes.translation.model import build_model, loss_and_tokens
 
@@ -43,6 +44,7 @@ class _Offline(SingleProcessCommunicator):
 
 
 def calibrate(spec: dict[str, Any]) -> dict[str, Any]:
+    """Time ``spec['steps']`` optimizer steps after ``spec['warmup']`` on rank ``spec['rank']``."""
     from accelerate.utils import set_seed
 
     torch.set_num_threads(1)
@@ -74,20 +76,15 @@ def calibrate(spec: dict[str, Any]) -> dict[str, Any]:
     set_seed(cfg.train.seed + 1000 * (rank + 1))
     shadow = copy.deepcopy(model)
     o = cfg.optim
-    adamw = torch.optim.AdamW(
-        param_groups(model, o.weight_decay), lr=o.lr, betas=o.betas_allreduce, eps=o.eps
-    )
-    ours = DecentralizedAdam(
-        param_groups(shadow, o.weight_decay),
-        lr=o.lr,
-        betas=o.betas_decentralized,
-        eps=o.eps,
-        weight_decay=o.weight_decay,
-        accum_steps=o.accum_steps,
-        topology=o.topology,
-        local_world_size=int(spec["local_world_size"]),
-        communicator=_Offline(rank, world),
-    )
+    build = functools.partial(  # the recipe's optimizers, built as it builds them
+        build_optimizer, lr=o.lr, weight_decay=o.weight_decay, betas_allreduce=o.betas_allreduce,
+        betas_decentralized=o.betas_decentralized, eps=o.eps, accum_steps=o.accum_steps,
+        second_moment=o.second_moment, topology=o.topology,
+        local_world_size=int(spec["local_world_size"]), world_size=world,
+    )  # fmt: skip
+    adamw = build(model, "allreduce")
+    ours = build(shadow, "decentralized", communicator=_Offline(rank, world))
+    assert isinstance(ours, DecentralizedAdam)
     pairs = list(zip(model.parameters(), shadow.parameters(), strict=True))
     times: dict[str, list[float]] = {"forward_s": [], "backward_s": [], "adamw_s": [], "decentralized_s": []}
     micro: list[dict[str, torch.Tensor]] = []

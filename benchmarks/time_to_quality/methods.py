@@ -1,0 +1,48 @@
+"""What the benchmark compares: the trainings (methods), the cluster's shape, and All-Reduce as the
+baseline every ratio is taken to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from decentadam.runtime_model import ALLREDUCE
+
+NODES, RANKS_PER_NODE = 2, 2
+"""The emulated cluster: 2 nodes x 2 ranks (the translation preset's 4 ranks)."""
+BUCKET_BYTES = 25 * 2**20
+"""DDP's bucket_cap_mb and DecentralizedAdam's bucket_size_mb, both 25 MB by default."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """One training configuration of the comparison."""
+
+    name: str
+    """Name on the command line (``--methods``) and in the JSON."""
+    label: str
+    """Name in the report."""
+    model: str
+    """The runtime model's name for it."""
+    args: tuple[str, ...]
+    """What the recipe's ``train`` gets to run it."""
+
+
+METHODS = {
+    m.name: m
+    for m in (
+        Method("allreduce", "All-Reduce (DDP + AdamW)", ALLREDUCE, ("--optimizer", "allreduce")),
+        Method("aer", "AccumAdam-AER", "aer", ("--optimizer", "decentralized", "optim.topology=aer")),
+        Method(
+            "complete",
+            "AccumAdam-complete",
+            "complete",
+            ("--optimizer", "decentralized", "optim.topology=complete"),
+        ),
+    )
+}
+BASELINE = "allreduce"
+
+
+def label(name: str) -> str:
+    """A method's name in the report (a name the benchmark does not know stays as it is)."""
+    return METHODS[name].label if name in METHODS else name
