@@ -1,0 +1,38 @@
+"""benchmarks.parity.stability: the thresholds agree with the closed forms of the simplest rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.parity.stability import rules, threshold
+
+
+def first_unstable_after(bound: float, found: float, step: float = 0.25) -> bool:
+    """``threshold`` returns the first grid point past ``bound`` (where the radius is exactly 1)."""
+    return bound < found <= bound + step + 1e-9
+
+
+@pytest.mark.parametrize("beta1", [0.8, 0.9, 0.95])
+def test_thresholds_match_the_closed_forms(beta1: float) -> None:
+    found = rules(beta1)
+    # heavy ball (All-Reduce's mean): stable while lr * lambda < 2 (1 + b) / (1 - b)
+    mean = threshold(found["All-Reduce (mean of the ranks)"])
+    assert first_unstable_after(2 * (1 + beta1) / (1 - beta1), mean)
+    # a rank's deviation with full mixing: |b - (1 - b) a| < 1, half of All-Reduce's range
+    deviation = threshold(found["deviation, own momentum, full mixing"])
+    assert first_unstable_after((1 + beta1) / (1 - beta1), deviation)
+    gm = threshold(found["deviation, momentum of the mean + own gradient"])
+    assert first_unstable_after(1 / (1 - beta1), gm)
+
+
+def test_lazy_mixing_widens_the_range_and_late_gradients_narrow_it() -> None:
+    found = {name: threshold(rule) for name, rule in rules(0.9).items()}
+    full = found["deviation, own momentum, full mixing"]
+    assert full < found["deviation, own momentum, lazy mixing alpha=0.5"]
+    assert (
+        found["deviation, own momentum, lazy mixing alpha=0.5"]
+        < found["deviation, own momentum, lazy mixing alpha=0.25"]
+    )
+    assert found["deviation, own momentum, lazy mixing alpha=0.25"] < found["All-Reduce (mean of the ranks)"]
+    assert found["mean, gradient one step late (at the mixed weights)"] < 2
+    assert found["mean, fresh gradient's share one step late"] < 4
