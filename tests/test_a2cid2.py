@@ -17,9 +17,9 @@ import torch.distributed as dist
 from torch import nn
 
 from decentadam import A2CiD2, AccumAdamW, DecentralizedAdam, shutdown
-from decentadam.a2cid2 import continuized_average_, continuized_constants, continuized_mix_
-from decentadam.graph import Graph, as_graph, build_graph
-from decentadam.pairing import PeerFailure
+from decentadam.asynchronous.a2cid2 import continuized_average_, continuized_constants, continuized_mix_
+from decentadam.asynchronous.graph import Graph, as_graph, build_graph
+from decentadam.asynchronous.pairing import PeerFailure
 from decentadam.topology import build
 from tests.distributed_harness import run_distributed
 
