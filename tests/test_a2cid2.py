@@ -1,4 +1,4 @@
-"""A2CiD2: the constants and the continuized mixing against ALGORITHMS.md section 4, and real
+"""A2CiD2: the constants and the continuized mixing against docs/a2cid2.md, The algorithm, and real
 asynchronous runs on 4 gloo processes (convergence, shutdown, a straggler, a killed rank)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tests.distributed_harness import run_distributed
 
 @pytest.mark.parametrize(
     ("name", "eta", "alpha_tilde"),
-    [("ring", 0.1425, 1.872), ("exp", 0.3863, 0.6761)],  # ALGORITHMS.md section 4, n = 16, rate 1
+    [("ring", 0.1425, 1.872), ("exp", 0.3863, 0.6761)],  # docs/a2cid2.md (the paper's values), n = 16, rate 1
 )
 def test_constants_match_algorithms_md(name: str, eta: float, alpha_tilde: float) -> None:
     constants = continuized_constants(build_graph(name, 16), rate=1.0)
