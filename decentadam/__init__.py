@@ -6,9 +6,9 @@ forward/backward. :class:`A2CiD2` is the asynchronous alternative: pairwise aver
 neighbours at random times, beside gradient steps that never wait for another rank.
 """
 
-from decentadam.a2cid2 import A2CiD2
+from decentadam.asynchronous.a2cid2 import A2CiD2
+from decentadam.asynchronous.graph import Graph
 from decentadam.decentralized import CommStats, DecentralizedAdam
-from decentadam.graph import Graph
 from decentadam.optim.accum_adamw import AccumAdamW, accum_adamw
 from decentadam.topology import Topology, build
 

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from decentadam import checkpoint_files as files
-from decentadam.a2cid2 import A2CiD2
+from decentadam.asynchronous.a2cid2 import A2CiD2
 from decentadam.consensus import Decentralized, averaged
 from decentadam.decentralized import DecentralizedAdam
 

@@ -45,7 +45,7 @@ import torch
 from torch.torch_version import TorchVersion
 
 import decentadam
-from decentadam.a2cid2 import A2CiD2
+from decentadam.asynchronous.a2cid2 import A2CiD2
 from decentadam.decentralized import DecentralizedAdam
 
 __all__ = [

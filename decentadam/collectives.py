@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "NO_TIMEOUT",
     "Closable",
+    "CommStats",
     "Communicator",
     "ExchangeGroupsReleased",
     "Handle",
@@ -61,6 +62,31 @@ NO_TIMEOUT = timedelta(0)
 
 CLOSE_TIMEOUT = timedelta(seconds=60)
 """How long :meth:`ProcessGroupCommunicator.close` waits for each exchange in flight by default."""
+
+
+@dataclass
+class CommStats:
+    """Counters of the exchange, cumulative since construction (reset with ``reset()``).
+
+    Attributes:
+        wait_seconds: time spent blocked waiting for exchanges to arrive (communication that the
+            forward/backward did not hide).
+        bytes_sent: bytes of parameters this rank contributed to group averages.
+        exchanges: number of bucket exchanges started.
+        steps: optimizer steps taken by this process (a resume does not add the checkpoint's).
+    """
+
+    wait_seconds: float = 0.0
+    bytes_sent: int = 0
+    exchanges: int = 0
+    steps: int = 0
+
+    def reset(self) -> None:
+        self.wait_seconds, self.bytes_sent, self.exchanges, self.steps = 0.0, 0, 0, 0
+
+    def snapshot(self) -> CommStats:
+        """A copy of the counters now, to measure what happens from here on."""
+        return replace(self)
 
 
 class Handle(Protocol):
@@ -133,7 +159,8 @@ class SingleProcessCommunicator:
 
 class WorldCommunicator:
     """:class:`WorldCollectives` on one process group, nothing else (asynchronous gossip exchanges
-    by its own means, see :mod:`decentadam.a2cid2`). Rank ``i`` is rank ``i`` of ``process_group``."""
+    by its own means, see :mod:`decentadam.asynchronous.a2cid2`). Rank ``i`` is rank ``i`` of
+    ``process_group``."""
 
     def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
         self.process_group = process_group

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from decentadam.a2cid2 import A2CiD2
+from decentadam.asynchronous.a2cid2 import A2CiD2
 from decentadam.decentralized import CommStats, DecentralizedAdam
 
 __all__ = ["Decentralized", "MetricsHook", "averaged", "metrics", "register_metrics_hook", "unwrap_optimizer"]

@@ -6,7 +6,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -22,6 +21,7 @@ from decentadam.collectives import (
     CLOSE_TIMEOUT,
     NO_TIMEOUT,
     Closable,
+    CommStats,
     Communicator,
     ExchangeGroupsReleased,
     default_communicator,
@@ -37,31 +37,6 @@ Overlap = Literal["step", "backward"]
 SecondMoment = Literal["all_ranks", "local"]
 LocalUpdate = Callable[[dict[Tensor, dict[str, Any]], dict[str, Any], list[Tensor]], None]
 """``fn(state, group, params)``: update ``params`` (those of one bucket with a gradient) in place."""
-
-
-@dataclass
-class CommStats:
-    """Counters of the exchange, cumulative since construction (reset with ``reset()``).
-
-    Attributes:
-        wait_seconds: time spent blocked waiting for exchanges to arrive (communication that the
-            forward/backward did not hide).
-        bytes_sent: bytes of parameters this rank contributed to group averages.
-        exchanges: number of bucket exchanges started.
-        steps: optimizer steps taken by this process (a resume does not add the checkpoint's).
-    """
-
-    wait_seconds: float = 0.0
-    bytes_sent: int = 0
-    exchanges: int = 0
-    steps: int = 0
-
-    def reset(self) -> None:
-        self.wait_seconds, self.bytes_sent, self.exchanges, self.steps = 0.0, 0, 0, 0
-
-    def snapshot(self) -> CommStats:
-        """A copy of the counters now, to measure what happens from here on."""
-        return replace(self)
 
 
 class DecentralizedAdam(Optimizer):

@@ -3,7 +3,7 @@
 CPU-only machine, 4 processes (gloo)::
 
     ACCELERATE_USE_CPU=true OMP_NUM_THREADS=1 accelerate launch --multi_gpu --num_processes 4 \\
-        examples/accelerate_lm.py --text ../shared/data/multi30k/train.en.gz
+        examples/accelerate_lm.py --text DATA/multi30k/train.en.gz
 
 GPUs (NCCL), 2 nodes x 4 GPUs, bf16 (run on each node with its --machine_rank)::
 

@@ -3,7 +3,7 @@
 CPU-only machine, 4 processes (gloo; ``use_cpu=True`` is set below when no GPU is present)::
 
     OMP_NUM_THREADS=1 torchrun --nproc_per_node 4 examples/trainer_lm.py \\
-        --text ../shared/data/multi30k/train.en.gz --output-dir runs/trainer_lm
+        --text DATA/multi30k/train.en.gz --output-dir runs/trainer_lm
 
 or ``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 4 examples/trainer_lm.py``.
 On GPUs: ``torchrun --nproc_per_node 8 examples/trainer_lm.py --bf16 ...``. Add

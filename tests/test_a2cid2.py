@@ -1,4 +1,4 @@
-"""A2CiD2: the constants and the continuized mixing against ALGORITHMS.md section 4, and real
+"""A2CiD2: the constants and the continuized mixing against docs/a2cid2.md, The algorithm, and real
 asynchronous runs on 4 gloo processes (convergence, shutdown, a straggler, a killed rank)."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import torch.distributed as dist
 from torch import nn
 
 from decentadam import A2CiD2, AccumAdamW, DecentralizedAdam, shutdown
-from decentadam.a2cid2 import continuized_average_, continuized_constants, continuized_mix_
-from decentadam.graph import Graph, as_graph, build_graph
-from decentadam.pairing import PeerFailure
+from decentadam.asynchronous.a2cid2 import continuized_average_, continuized_constants, continuized_mix_
+from decentadam.asynchronous.graph import Graph, as_graph, build_graph
+from decentadam.asynchronous.pairing import PeerFailure
 from decentadam.topology import build
 from tests.distributed_harness import run_distributed
 
@@ -28,7 +28,7 @@ from tests.distributed_harness import run_distributed
 
 @pytest.mark.parametrize(
     ("name", "eta", "alpha_tilde"),
-    [("ring", 0.1425, 1.872), ("exp", 0.3863, 0.6761)],  # ALGORITHMS.md section 4, n = 16, rate 1
+    [("ring", 0.1425, 1.872), ("exp", 0.3863, 0.6761)],  # docs/a2cid2.md (the paper's values), n = 16, rate 1
 )
 def test_constants_match_algorithms_md(name: str, eta: float, alpha_tilde: float) -> None:
     constants = continuized_constants(build_graph(name, 16), rate=1.0)
@@ -202,34 +202,33 @@ def test_four_processes_converge_to_the_allreduce_solution_and_leave_with_one_mo
     assert error < 0.02 * start_error, (error, start_error)
 
 
-STRAGGLER_SECONDS, STEP_SECONDS = 3.0, 0.01
+FAST_STEPS = 60
 
 
 def straggler_worker(rank: int, world_size: int) -> dict[str, Any]:
-    """Rank 3 takes 3x longer per step; every rank trains for the same wall-clock time."""
+    """Rank 3 takes one step, then stalls (in a barrier) until ranks 0-2 have taken FAST_STEPS each."""
     torch.manual_seed(0)
     model = nn.Linear(32, 1)
     optimizer = A2CiD2(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), graph="ring", timeout=30)
     inputs = torch.randn(64, 32)
     dist.barrier()
-    end = time.monotonic() + STRAGGLER_SECONDS
-    while time.monotonic() < end:
+    for _ in range(1 if rank == 3 else FAST_STEPS):
         optimizer.zero_grad()
         model(inputs).square().mean().backward()
-        time.sleep(STEP_SECONDS * (3 if rank == 3 else 1))
         optimizer.step()
+        time.sleep(0.002)
+    dist.barrier()  # the straggler passes it only once the others have finished their steps
     steps, averagings = optimizer.step_count, optimizer.averagings
     optimizer.close()
     return {"steps": steps, "averagings": averagings}
 
 
 def test_a_straggler_does_not_hold_back_the_other_ranks() -> None:
+    """Event order, not wall-clock ratios: the fast ranks finish all their steps, averaging among
+    themselves, while the straggler has taken one (a protocol that waited for it would hang)."""
     results = run_distributed(straggler_worker, 4, timeout_s=120)
-    steps = [r["steps"] for r in results]
-    print("gradient steps per rank in", STRAGGLER_SECONDS, "s, rank 3 three times slower:", steps)
-    for rank in range(3):
-        assert steps[rank] > 2.0 * steps[3], steps  # 3x in theory; 2 cores shared by 4 processes
-    assert min(r["averagings"] for r in results) > 0
+    assert [r["steps"] for r in results] == [FAST_STEPS] * 3 + [1]
+    assert min(r["averagings"] for r in results[:3]) > 0
 
 
 def killed_worker(rank: int, world_size: int, victim: int) -> dict[str, Any]:

@@ -121,7 +121,7 @@ def test_noise_ranks_takes_the_step_of_the_mean_of_n_gradients() -> None:
 
 
 def test_accum_steps_4_matches_the_formula() -> None:
-    """A separate, plain implementation of ALGORITHMS.md section 3 on one flat vector."""
+    """A separate, plain implementation of docs/guide.md, AccumAdamW, on one flat vector."""
     lr, beta1, beta2, eps, wd, s = 1e-2, 0.9, 0.999, 1e-8, 0.1, 4
     torch.manual_seed(1)
     x0 = torch.randn(50, dtype=torch.float64)

@@ -1,10 +1,14 @@
 """Boundaries of the package that a refactor must keep: no reach into another module's private
-names, and no module-level mutable state outside :mod:`decentadam.shutdown`."""
+names nor into torch's, no module-level mutable state outside :mod:`decentadam.shutdown`, and
+asynchronous training (:mod:`decentadam.asynchronous`) built without the synchronous optimizer."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "decentadam"
 MUTABLE_CALLS = {
@@ -17,6 +21,9 @@ MUTABLE_CALLS = {
     "WeakValueDictionary",
     "deque",
 }
+FOREACH = "_foreach_"
+"""The one torch private prefix allowed: the multi-tensor ops (``torch._foreach_add_``, ...) that
+torch.optim's own ``foreach`` implementations run on, with no public equivalent of their speed."""
 MUTABLE_LITERALS = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
 
 
@@ -41,6 +48,87 @@ def private_reaches(source: str) -> list[str]:
         if is_module and private(node.attr):
             found.append(f"{node.value.id}.{node.attr}")
     return found
+
+
+def torch_private_reaches(source: str) -> list[str]:
+    """Private torch names: ``import torch._C``, ``from torch.x import _y`` (or from a private
+    module), ``<torch name>.a._b`` and ``getattr(<torch name>, "_b")`` on a name bound by a torch import."""
+    tree = ast.parse(source)
+    found, names = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] != "torch":
+                    continue
+                if any(private(part) for part in alias.name.split(".")):
+                    found.append(f"import {alias.name}")
+                names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            module = node.module or ""
+            for alias in node.names:
+                if private(alias.name) or any(private(part) for part in module.split(".")):
+                    found.append(f"from {module} import {alias.name}")
+                names.add(alias.asname or alias.name)
+
+    def root(node: ast.expr) -> str | None:
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            if private(node.attr) and not node.attr.startswith(FOREACH) and root(node) in names:
+                found.append(ast.unparse(node))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in {"getattr", "hasattr", "setattr", "delattr"}
+            and len(node.args) >= 2
+            and root(node.args[0]) in names
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and private(node.args[1].value)
+        ):
+            found.append(ast.unparse(node))
+    return sorted(found)
+
+
+def decentadam_imports(path: Path) -> set[str]:
+    """The decentadam modules that the file at ``path`` imports (``from decentadam import m`` names m)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "decentadam")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "decentadam":
+            module = node.module or ""
+            for alias in node.names:
+                child = f"{module}.{alias.name}"
+                found.add(child if module_path(child) is not None else module)
+    return found
+
+
+def module_path(module: str) -> Path | None:
+    base = PACKAGE.parent.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def imported_by(module: str) -> set[str]:
+    """The decentadam modules that ``module`` reaches through its imports, transitively. The parent
+    packages that Python runs first (``decentadam/__init__.py`` gathers the public names of both
+    optimizers) are not followed: only what the module itself needs."""
+    seen, frontier = set(), [module]
+    while frontier:
+        path = module_path(frontier.pop())
+        if path is None:
+            continue
+        for name in decentadam_imports(path):
+            if name not in seen and name != "decentadam":
+                seen.add(name)
+                frontier.append(name)
+    return seen
 
 
 def mutable_globals(source: str) -> list[int]:
@@ -78,6 +166,67 @@ def test_the_checks_find_offences() -> None:
         "__all__ = []\nA = {}\nB: list[int] = []\nC = weakref.WeakSet()\nD = MappingProxyType({})\nE = (1,)\n"
     )
     assert mutable_globals(source) == [2, 3, 4]
+
+
+def test_the_torch_check_finds_each_form() -> None:
+    source = (
+        "import torch\nimport torch.distributed as dist\nimport torch._C\n"
+        "from torch.distributed import distributed_c10d\n"
+        "from torch.distributed.distributed_c10d import _world\n"
+        "from torch._dynamo import config\n"
+        "torch.distributed.distributed_c10d._get_default_store()\n"
+        "dist._x\ndistributed_c10d._y\n"
+        "getattr(dist.distributed_c10d, '_get_default_store', None)\n"
+    )
+    assert torch_private_reaches(source) == sorted(
+        [
+            "import torch._C",
+            "from torch.distributed.distributed_c10d import _world",
+            "from torch._dynamo import config",
+            "torch.distributed.distributed_c10d._get_default_store",
+            "dist._x",
+            "distributed_c10d._y",
+            "getattr(dist.distributed_c10d, '_get_default_store', None)",
+        ]
+    )
+    public = (
+        "import torch\nimport torch.distributed as dist\nfrom torch.optim import Optimizer\n"
+        "dist.TCPStore\nself._x\nx.__class__\ntorch.Tensor.__init__\ngetattr(torch, 'float32')\n"
+        "getattr(self, '_y')\ntorch._foreach_add_(xs, ys)\n"
+    )
+    assert torch_private_reaches(public) == []
+
+
+def test_no_module_reaches_torch_private_names() -> None:
+    found = {str(p.relative_to(PACKAGE)): torch_private_reaches(p.read_text()) for p in PACKAGE.rglob("*.py")}
+    assert {path: names for path, names in found.items() if names} == {}
+
+
+def test_asynchronous_training_does_not_import_the_synchronous_optimizer() -> None:
+    modules = [f"decentadam.asynchronous.{p.stem}" for p in (PACKAGE / "asynchronous").glob("*.py")]
+    assert "decentadam.asynchronous.a2cid2" in modules
+    assert {m: "decentadam.decentralized" in imported_by(m) for m in modules} == dict.fromkeys(modules, False)
+    assert "decentadam.decentralized" in imported_by("decentadam.checkpoint")  # the check sees imports
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("decentadam.a2cid2", "decentadam.asynchronous.a2cid2"),
+        ("decentadam.pairing", "decentadam.asynchronous.pairing"),
+        ("decentadam.graph", "decentadam.asynchronous.graph"),
+    ],
+)
+def test_the_old_import_paths_still_work(old: str, new: str) -> None:
+    old_module, new_module = importlib.import_module(old), importlib.import_module(new)
+    assert old_module.__all__ == new_module.__all__
+    assert {n: getattr(old_module, n) is getattr(new_module, n) for n in new_module.__all__} == dict.fromkeys(
+        new_module.__all__, True
+    )
+    import decentadam
+    from decentadam.asynchronous import A2CiD2, Graph
+
+    assert (decentadam.A2CiD2, decentadam.Graph) == (A2CiD2, Graph)
 
 
 def test_no_module_imports_private_names_of_another() -> None:

@@ -14,6 +14,7 @@ from benchmarks.cluster.cases import BenchConfig, Case, Outcome, predictions, su
 from benchmarks.cluster.report import write_report
 from benchmarks.cluster.run import parse_args
 from decentadam.runtime_model import ALLREDUCE, Cluster
+from tests.pictures import assert_drawn
 
 CONFIG = BenchConfig(nodes=2, ranks_per_node=2, iters=4, repeats=2, stragglers=False)
 CALIBRATION = {"adamw_s": 0.001, "ours_update_s": 0.002}
@@ -92,7 +93,7 @@ def test_report_states_the_mean_ratio_and_each_run(tmp_path: Path) -> None:
     assert "take 321 ms per step: " in text
     assert "cores were 55% busy during AER's measured iterations (61% during All-Reduce's" in text
     assert "| TCP node 0 <-> node 1 (one stream each way at once), per stream: B_inter | 117.0 MB/s |" in text
-    assert png.stat().st_size > 0
+    assert_drawn(png, (880, 528))  # 8 x 4.8 inches at 110 dpi, bars drawn
     saved = json.loads(raw.read_text())
     assert saved["outcomes"][2]["run_means_ms"] == pytest.approx([450.0, 620.0])
     assert [len(run) for run in saved["outcomes"][2]["runs"]] == [CONFIG.world_size] * 2

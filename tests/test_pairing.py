@@ -14,8 +14,8 @@ import time
 import pytest
 import torch.distributed as dist
 
-from decentadam.graph import Graph, build_graph
-from decentadam.pairing import MatchClient, Matchmaker, PairingWorker, PeerFailure, Schedule
+from decentadam.asynchronous.graph import Graph, build_graph
+from decentadam.asynchronous.pairing import MatchClient, Matchmaker, PairingWorker, PeerFailure, Schedule
 
 
 class FakeClock:
@@ -158,3 +158,38 @@ def test_schedule_rates() -> None:
     assert Schedule(1.0, "deterministic", 0).next_due(0.0, 10.0) == 9.0
     with pytest.raises(ValueError, match="rate must be > 0"):
         Schedule(0.0, "poisson", 0)
+
+
+def test_the_matchmaker_draws_the_partner_uniformly_among_ready_neighbours() -> None:
+    """Ranks 1 and 3 (rank 2's neighbours on a ring of 4) wait, 1 first; rank 2 gets ready. The
+    A2CiD2 constants assume a uniform choice: both must be drawn, about equally often (a
+    longest-waiting rule would always pick 1)."""
+    graph = build_graph("ring", 4)
+    store = dist.PrefixStore("uniform/", dist.HashStore())
+    matchmaker = Matchmaker(store, graph, timeout=30.0, seed=1)
+    matchmaker.start()
+    clients = {rank: MatchClient(store, rank, 30.0) for rank in range(4)}
+
+    def answer(rank: int, number: int) -> str:
+        deadline = time.monotonic() + 10
+        while (reply := clients[rank].answer(number)) is None:
+            assert time.monotonic() < deadline, f"no answer to rank {rank}'s request {number}"
+            time.sleep(1e-4)
+        return reply.kind if reply.kind != "pair" else f"pair {reply.peer}"
+
+    partners = []
+    for _ in range(200):
+        first, second = clients[1].request(), clients[3].request()
+        mine = clients[2].request()
+        partner = int(answer(2, mine).split()[1])
+        partners.append(partner)
+        waiting, number = (3, second) if partner == 1 else (1, first)
+        assert answer(partner, first if partner == 1 else second) == "pair 2"
+        clients[waiting].cancel(number)
+        assert answer(waiting, number) == "cancelled"
+    for client in clients.values():
+        client.leave()
+    matchmaker.join(10)
+    assert matchmaker.error is None
+    assert sorted(set(partners)) == [1, 3]
+    assert 70 <= partners.count(1) <= 130  # binomial(200, 1/2): 4.2 standard deviations either side

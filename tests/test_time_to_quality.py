@@ -19,6 +19,7 @@ from benchmarks.thresholds import GOSSIP_SHARE, MODEL_MISSED, WAIT_SHARE
 from benchmarks.time_to_quality import cli, curves, notes, rates
 from benchmarks.time_to_quality import report as reporting
 from benchmarks.time_to_quality.settings import parse_args
+from tests.pictures import assert_drawn
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -114,6 +115,7 @@ def test_report_from_made_up_runs(tmp_path: Path) -> None:
     paths = reporting.write_report(made_up_report(), tmp_path)
     assert [p.name for p in paths] == ["time_to_quality.md", "time_to_quality.json", "time_to_quality.png"]
     assert all(p.stat().st_size > 0 for p in paths)
+    assert_drawn(paths[2], (1320, 480))  # the 11 x 4 inch figure at 120 dpi, curves drawn
     report = json.loads(paths[1].read_text())
     runs = report["runs"]
     assert report["target_valid_nll"] == 3.0

@@ -1,7 +1,8 @@
 """Topologies are plain data: every check here runs without a process group.
 
-The expected schedules are rebuilt independently from ALGORITHMS.md section 2 (partner ranks, group
-sizes, phasing) and compared with what ``decentadam.topology.build`` produces.
+The expected schedules are rebuilt independently from their statement in
+docs/overlap-and-topologies.md, Topologies (partner ranks, group sizes, phasing; sources in
+docs/algorithms.md) and compared with what ``decentadam.topology.build`` produces.
 """
 
 from __future__ import annotations

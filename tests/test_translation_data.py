@@ -233,7 +233,7 @@ def test_compare_report_keeps_the_other_run_only_when_the_arguments_match(tmp_pa
 
 def test_compare_plot_draws_each_run_against_time_and_steps(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the report's plot needs matplotlib (pip install '.[bench]')")
-    from PIL import Image
+    from tests.pictures import assert_drawn
 
     curves = {
         "allreduce": [{"step": s, "train_seconds": 60.0 * s, "valid_nll": 5.0 - s / 10} for s in (10, 20)],
@@ -261,6 +261,4 @@ def test_compare_plot_draws_each_run_against_time_and_steps(tmp_path: Path) -> N
         for (label, line), points in zip(lines.items(), curves.values(), strict=True):
             assert list(line.get_xdata()) == [x_of(p) for p in points], label
             assert list(line.get_ydata()) == [p["valid_nll"] for p in points], label
-    with Image.open(tmp_path / "report.png") as image:  # what was saved: the 11 x 4 inch figure at 120 dpi
-        assert image.size == (1320, 480)
-        assert len(image.convert("RGB").getcolors(maxcolors=1 << 16) or []) > 20  # drawn on, not blank
+    assert_drawn(tmp_path / "report.png", (1320, 480))  # what was saved: the 11 x 4 inch figure at 120 dpi
