@@ -157,12 +157,7 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("checkpoint", help="checkpoint directory or hub name (model + image processor)")
-    parser.add_argument(
-        "--data",
-        required=True,
-        help="image folder (DIR/SPLIT/CLASS/IMAGE), local datasets directory (save_to_disk or parquet) "
-        "or hub name (ILSVRC/imagenet-1k)",
-    )
+    parser.add_argument("--data", required=True, help="DIR/SPLIT/CLASS/IMAGE, datasets dir or hub name")
     parser.add_argument("--split", default="val", help="split folder or datasets split (default: val)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--num-workers", type=int, default=0, help="DataLoader workers decoding images")

@@ -209,12 +209,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "checkpoint", help="a from_pretrained directory, or a run directory with --average-last"
     )
-    parser.add_argument(
-        "--data",
-        required=True,
-        help="directory of {split}.{lang}[.gz] files, a local datasets directory (save_to_disk or parquet) "
-        "or a hub name (wmt/wmt14)",
-    )
+    parser.add_argument("--data", required=True, help="{split}.{lang}[.gz] files, datasets dir or wmt/wmt14")
     parser.add_argument("--split", default="test", help="split to translate (default: test)")
     parser.add_argument("--src", required=True, help="source language suffix, e.g. en")
     parser.add_argument("--tgt", required=True, help="target language suffix, e.g. de")

@@ -55,9 +55,20 @@ def host_reads(main: Callable[[], None], source: str, monkeypatch: pytest.Monkey
     return counts
 
 
-def assert_no_read_per_step(run: Callable[[int], None], source: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    one = host_reads(lambda: run(1), source, monkeypatch)
-    three = host_reads(lambda: run(3), source, monkeypatch)
+def assert_no_read_per_step(
+    main: Callable[[list[str]], None], source: str, settings: list[str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """``main(settings)`` for 1 and for 3 steps, logging, evaluating and saving at the last one only,
+    makes the same tensor reads from ``source``."""
+
+    def run(steps: int) -> Callable[[], None]:
+        every = [f"train.{k}_every={steps}" for k in ("log", "eval", "save")]
+        out = f"train.output_dir={tmp_path / f'run-{steps}'}"
+        return lambda: main([*settings, f"train.max_steps={steps}", *every, out])
+
+    one = host_reads(run(1), source, monkeypatch)
+    three = host_reads(run(3), source, monkeypatch)
     assert sum(one.values()) > 0, "the counting saw no read at all (the log step reads the totals)"
     extra = {line: three[line] - one[line] for line in three if three[line] != one[line]}
     where = Path(source).name
@@ -74,13 +85,7 @@ def test_translation_loop_reads_tensors_only_at_log_steps(
         "model.ffn_dim=32", "model.heads=2", "train.global_tokens=512", "train.grad_accum=2",
         "train.mixed_precision=no",
     ]  # fmt: skip
-
-    def run(steps: int) -> None:
-        every = [f"train.{k}_every={steps}" for k in ("log", "eval", "save")]
-        out = f"train.output_dir={tmp_path / f'run-{steps}'}"
-        text_train.main([*settings, f"train.max_steps={steps}", *every, out])
-
-    assert_no_read_per_step(run, text_train.__file__, monkeypatch)
+    assert_no_read_per_step(text_train.main, text_train.__file__, settings, tmp_path, monkeypatch)
 
 
 def test_image_loop_reads_tensors_only_at_log_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,10 +98,4 @@ def test_image_loop_reads_tensors_only_at_log_steps(tmp_path: Path, monkeypatch:
         "model.embedding_size=8", "model.hidden_sizes=[8, 8, 8, 8]", "train.global_batch=2",
         "train.val_batch=3", "train.mixed_precision=no",
     ]  # fmt: skip
-
-    def run(steps: int) -> None:
-        every = [f"train.{k}_every={steps}" for k in ("log", "eval", "save")]
-        out = f"train.output_dir={tmp_path / f'run-{steps}'}"
-        image_train.main([*settings, f"train.max_steps={steps}", *every, out])
-
-    assert_no_read_per_step(run, image_train.__file__, monkeypatch)
+    assert_no_read_per_step(image_train.main, image_train.__file__, settings, tmp_path, monkeypatch)
