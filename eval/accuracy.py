@@ -10,9 +10,12 @@
 image processor, and public checkpoints work the same way. The images are pre-processed by the
 checkpoint's own processor, so the score does not depend on any recipe's transforms.
 
-``--data`` is an image folder (``DIR/SPLIT/CLASS/IMAGE``) or a hub data set with ``image`` and
-``label`` columns (``pip install datasets``), read by the image recipe's reader
-(``recipes.imagenet.data.open_split``). Folder classes are matched to the model's labels by name
+``--data`` is what the image recipe's ``data=`` takes, read by its reader
+(``recipes.imagenet.data.open_split``): an image folder (``DIR/SPLIT/CLASS/IMAGE``), a local
+``datasets`` directory (``save_to_disk``'s, or parquet files in the hub's layout,
+``DIR/data/validation-00000-of-00014.parquet``) or a hub name (``ILSVRC/imagenet-1k --split
+validation``); the last two with an ``image`` and a ``label`` (ClassLabel) column (``pip install
+datasets``). Folder classes are matched to the model's labels by name
 (``config.label2id``); when the names differ (ImageNet's WordNet-id folders against a public model's
 readable labels) and the counts agree, class ``i`` of the sorted folder names is label ``i``, the
 ImageNet convention, and the result says ``"label_mapping": "sorted-folder-order"``. An image that
@@ -154,8 +157,8 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("checkpoint", help="checkpoint directory or hub name (model + image processor)")
-    parser.add_argument("--data", required=True, help="image folder (DIR/SPLIT/CLASS/IMAGE) or hub data set")
-    parser.add_argument("--split", default="val", help="split folder or hub split (default: val)")
+    parser.add_argument("--data", required=True, help="DIR/SPLIT/CLASS/IMAGE, datasets dir or hub name")
+    parser.add_argument("--split", default="val", help="split folder or datasets split (default: val)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--num-workers", type=int, default=0, help="DataLoader workers decoding images")
     parser.add_argument("--limit", type=int, default=0, help="score only the first N images (0 = all)")

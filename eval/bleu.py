@@ -8,9 +8,13 @@
 
 ``CHECKPOINT`` is any directory that ``AutoModelForSeq2SeqLM`` and ``AutoTokenizer`` load with
 ``from_pretrained`` (this project's recipes write them; a public Marian model works too). The test
-set is read by the translation recipe's reader (``recipes.translation.data.read_split``):
-``DATA/{split}.{src}`` and ``DATA/{split}.{tgt}``, optionally gzipped, one sentence per line,
-aligned; or a hub corpus (``wmt/wmt14``).
+set is read by the translation recipe's own reader (``recipes.translation.data.read_split``), so
+``--data`` takes what training's ``data=`` takes: a directory of ``{split}.{src}`` and
+``{split}.{tgt}`` files (optionally gzipped, one sentence per line, aligned); a local ``datasets``
+directory with a ``translation`` column (``save_to_disk``'s, or parquet files in the hub's layout,
+``DIR/de-en/test-00000-of-00001.parquet``); or a hub corpus (``wmt/wmt14``)::
+
+    python -m eval.bleu runs/wmt/step-100000 --data wmt/wmt14 --split test --src en --tgt de
 
 Decoding: beam search (beam 4, length penalty 0.6 by default, the paper's settings), at most
 ``source length + 50`` new tokens (the longest source of the batch: sentences are sorted by length
@@ -205,7 +209,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "checkpoint", help="a from_pretrained directory, or a run directory with --average-last"
     )
-    parser.add_argument("--data", required=True, help="directory of {split}.{lang}[.gz] files, or wmt/wmt14")
+    parser.add_argument("--data", required=True, help="{split}.{lang}[.gz] files, datasets dir or wmt/wmt14")
     parser.add_argument("--split", default="test", help="split to translate (default: test)")
     parser.add_argument("--src", required=True, help="source language suffix, e.g. en")
     parser.add_argument("--tgt", required=True, help="target language suffix, e.g. de")

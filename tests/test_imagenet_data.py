@@ -90,7 +90,8 @@ def test_image_folder_reads_classes_in_sorted_order_and_ignores_other_files(digi
 
 
 def test_missing_split_folder_names_it(tmp_path: Path, digits: Path) -> None:
-    with pytest.raises(data.DataError, match=re.escape(f"{tmp_path / 'nowhere'}: no such folder")):
+    nowhere = re.escape(f"{tmp_path / 'nowhere'}: no such directory, and not a hub name")
+    with pytest.raises(data.DataError, match=nowhere + ".*SPLIT/CLASS/IMAGE folders"):
         data.open_splits(str(tmp_path / "nowhere"), "train", "val")
     with pytest.raises(data.DataError, match=re.escape(f"{digits / 'test'}: no such folder")):
         data.open_splits(str(digits), "train", "test")
@@ -140,12 +141,13 @@ def test_unreadable_image_stops_with_its_path(tmp_path: Path) -> None:
         list(data.loader(dataset, [[(0, 0), (0, 1)]], num_workers=1, pin_memory=False))
 
 
-def test_hub_source_reads_image_and_label_columns() -> None:
+def test_dataset_source_reads_image_and_label_columns() -> None:
     class Rows(list[dict[str, object]]):
         features: ClassVar[dict[str, object]] = {"label": type("ClassLabel", (), {"names": ["cat", "dog"]})()}
+        column_names: ClassVar[list[str]] = ["image", "label"]
 
     rows = Rows([{"image": photo().convert("L"), "label": 1}])
-    source = data.HubImages("someone/pets", "train", rows=rows)
+    source = data.DatasetImages("someone/pets", "train", rows=rows)
     image, label = source.load(0)
     assert source.classes == ["cat", "dog"] and len(source) == 1 and image.mode == "RGB" and label == 1
 

@@ -18,10 +18,11 @@ __all__ = ["PRESETS", "Config", "ConfigError", "dump", "load"]
 @dataclass
 class DataConfig:
     path: str = ""
-    """Image folder with ``train/`` and ``val/`` (one sub-folder per class), or a hub dataset name
-    (``ILSVRC/imagenet-1k``, read with ``datasets``)."""
+    """Image folder with ``train/`` and ``val/`` (one sub-folder per class), a local ``datasets``
+    directory with ``image`` and ``label`` columns (``save_to_disk``'s, or parquet files in the hub's
+    layout) or a hub name (``ILSVRC/imagenet-1k``), the last two read with ``datasets``."""
     train_split: str = "train"
-    """Split to train on (a sub-folder of ``path``, or a hub split)."""
+    """Split to train on (a sub-folder of ``path``, or a ``datasets`` split)."""
     val_split: str = "val"
     """Split for the accuracy during training (``validation`` on the hub)."""
     image_size: int = 224

@@ -1,8 +1,11 @@
 """Images in, tensors out: image folders or the hub, the transforms, and each rank's batches.
 
-Sources. An image folder is ``ROOT/train/CLASS/*.jpg`` and ``ROOT/val/CLASS/*.jpg`` (one
-sub-folder per class, the class index is the position of its name in sorted order, as torchvision's
-``ImageFolder``); a hub name (``ILSVRC/imagenet-1k``) is read with ``datasets``, imported only then.
+Sources (``recipes.common.sources``). An image folder is ``ROOT/train/CLASS/*.jpg`` and
+``ROOT/val/CLASS/*.jpg`` (one sub-folder per class, the class index is the position of its name in
+sorted order, as torchvision's ``ImageFolder``); a local ``datasets`` directory (``save_to_disk``,
+or parquet files in the hub's layout, ``ROOT/data/train-00000-of-01024.parquet``) or a hub name
+(``ILSVRC/imagenet-1k``) is read with ``datasets``, imported only then, and needs an ``image`` and
+a ``label`` (ClassLabel) column.
 
 Order. The training order of an epoch is a permutation drawn from ``(seed, epoch)``; step ``s`` of
 the epoch takes the ``s``-th block of ``global_batch`` indices and rank ``r`` its ``r``-th slice, so
@@ -22,6 +25,7 @@ Fix or delete the file and resume from the last checkpoint.
 from __future__ import annotations
 
 import importlib.util
+import io
 import logging
 import time
 from collections.abc import Sequence
@@ -35,6 +39,8 @@ from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from recipes.common import sources as data_sources
+
 logger = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = frozenset(
@@ -47,8 +53,8 @@ Key = tuple[int, int]
 """(epoch, index): what the samplers hand the dataset, so that augmentation is seeded per image."""
 
 
-class DataError(ValueError):
-    """Input that cannot be trained on; the message names the path and what is wrong with it."""
+DataError = data_sources.DataError
+"""Input that cannot be trained on; the message names the path and what is wrong with it."""
 
 
 class UnreadableImage(DataError):
@@ -106,48 +112,51 @@ class ImageFolder:
             ) from None
 
 
-class HubImages:
-    """A split of a Hugging Face dataset with an ``image`` and a ``label`` (ClassLabel) column."""
+class DatasetImages:
+    """A split of a ``datasets`` Dataset (from the hub, ``save_to_disk`` or parquet files) with an
+    ``image`` column (decoded PIL images, or ``{"bytes", "path"}`` dicts) and a ``label`` column of
+    class indices whose feature is a ``ClassLabel`` (it names the classes)."""
 
-    def __init__(self, name: str, split: str, rows: Any | None = None) -> None:
-        if rows is None:
-            try:
-                import datasets
-            except ImportError:
-                raise DataError(
-                    f"{name}: not a folder, and reading it from the hub needs `pip install datasets`"
-                ) from None
-            try:
-                rows = datasets.load_dataset(name, split=split)
-            except Exception as error:
-                raise DataError(f"{name} (split {split}): cannot load it from the hub: {error}") from None
+    def __init__(self, name: str, split: str, rows: Any) -> None:
+        data_sources.require_columns(
+            rows, name, split, {"image": "an image per row", "label": "a class index per row (a ClassLabel)"}
+        )
         self.name, self.split, self.rows = name, split, rows
-        label = rows.features["label"] if hasattr(rows, "features") else None
-        self.classes = list(label.names) if label is not None and hasattr(label, "names") else []
+        label = rows.features["label"]
+        self.classes = [str(c) for c in getattr(label, "names", None) or []]
         if not self.classes:
-            raise DataError(f"{name} (split {split}): its 'label' column has no class names (a ClassLabel)")
+            raise DataError(
+                f"{name} (split {split}): its 'label' column is {label}, not a ClassLabel with class names; "
+                "cast it: dataset.cast_column('label', datasets.ClassLabel(names=[...]))"
+            )
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def load(self, index: int) -> tuple[Image.Image, int]:
-        row = self.rows[index]
         try:
-            return row["image"].convert("RGB"), int(row["label"])
-        except (OSError, SyntaxError, ValueError) as error:
+            row = self.rows[index]  # decodes an Image feature
+            image = row["image"]
+            if isinstance(image, dict):  # an undecoded Image feature, or a plain struct column
+                opened = Image.open(io.BytesIO(image["bytes"]) if image.get("bytes") else image["path"])
+                with opened:
+                    return opened.convert("RGB"), int(row["label"])
+            return image.convert("RGB"), int(row["label"])
+        except (OSError, SyntaxError, ValueError, TypeError, KeyError, Image.DecompressionBombError) as error:
             raise UnreadableImage(
-                f"{self.name} {self.split} row {index}: cannot read its image ({error})"
+                f"{self.name} {self.split} row {index}: cannot read its image ({type(error).__name__}: "
+                f"{error}); expected a PIL image or a {{'bytes', 'path'}} dict"
             ) from None
 
 
 def open_split(path: str, split: str) -> ImageSource:
-    """``split`` of an image folder (``path/split/CLASS/IMAGE``) or of a hub dataset (``org/name``)."""
-    root = Path(path)
-    if root.is_dir():
-        return ImageFolder(root / split)
-    if "/" in path and not root.exists() and not path.startswith((".", "/")):
-        return HubImages(path, split)
-    raise DataError(f"{path}: no such folder (expected {path}/{split}/CLASS/IMAGE) nor a hub name (org/name)")
+    """``split`` of an image folder (``path/split/CLASS/IMAGE``), of a local ``datasets`` directory
+    (``save_to_disk`` or parquet files) or of a hub dataset (``org/name``): the one reader of
+    training and ``eval.accuracy``."""
+    kind = data_sources.source_kind(path, files="SPLIT/CLASS/IMAGE folders", hub="ILSVRC/imagenet-1k")
+    if kind == "files":
+        return ImageFolder(Path(path) / split)
+    return DatasetImages(path, split, data_sources.load_split(path, kind, split))
 
 
 def open_splits(path: str, train_split: str, val_split: str) -> tuple[ImageSource, ImageSource]:

@@ -203,7 +203,10 @@ def main(argv: list[str] | None = None) -> None:
 
     # 3. Train: log, evaluate and save on the way (off the training clock); once more at the end.
     progress = tqdm(total=max_steps, initial=step, disable=not accelerator.is_main_process, unit="step")
-    window = torch.zeros(3, dtype=torch.float64)  # loss sum, batches, images since the last log
+    # Since the last log: the loss sum on the device (read, a host-device sync, only at log steps; the
+    # float64 sum of the same float32 losses as a host sum), and the batches and images, known here.
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    batches_seen = images_seen = 0
     window_start = clock.seconds
     since = None  # decentadam: communication counters at the previous log
     done = step >= max_steps
@@ -223,12 +226,14 @@ def main(argv: list[str] | None = None) -> None:
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             clock.stop()
-            window += torch.tensor([float(loss.detach()), 1.0, float(len(labels))], dtype=torch.float64)
+            loss_sum += loss.detach().double()
+            batches_seen, images_seen = batches_seen + 1, images_seen + len(labels)
             step, start_batch = step + 1, batch_index + 1
             progress.update(1)
             done = step >= max_steps
             if step % t.log_every == 0 or done:
-                totals = accelerator.reduce(window.to(device), reduction="sum").cpu()
+                counts = torch.tensor([batches_seen, images_seen], dtype=torch.float64, device=device)
+                totals = accelerator.reduce(torch.cat((loss_sum[None], counts)), reduction="sum").cpu()
                 values = {
                     "train/loss": float(totals[0] / totals[1]),
                     "train/images_per_s": float(totals[2]) / max(clock.seconds - window_start, 1e-9),
@@ -250,7 +255,8 @@ def main(argv: list[str] | None = None) -> None:
                     postfix["consensus"] = f"{health['decentadam/consensus_distance_rel']:.1e}"
                 accelerator.log(values, step=step)
                 progress.set_postfix(postfix)
-                window.zero_()
+                loss_sum.zero_()
+                batches_seen = images_seen = 0
                 window_start = clock.seconds
                 done = done or out_of_time(accelerator, clock.seconds, t.max_minutes)
             if step % t.eval_every == 0 or done:

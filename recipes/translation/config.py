@@ -18,7 +18,8 @@ __all__ = ["PRESETS", "Config", "ConfigError", "dump", "load"]
 @dataclass
 class DataConfig:
     path: str = ""
-    """Directory of ``{split}.{lang}[.gz]`` files, or a hub dataset name (``wmt/wmt14``)."""
+    """Directory of ``{split}.{lang}[.gz]`` files, a local ``datasets`` directory with a ``translation``
+    column (``save_to_disk``'s, or parquet files in the hub's layout) or a hub name (``wmt/wmt14``)."""
     src: str = "en"
     """Source language code (the file suffix, e.g. ``en``)."""
     tgt: str = "de"

@@ -2,10 +2,13 @@
 
 Three steps, each a plain function or class:
 
-1. :func:`read_local` reads ``{split}.{lang}`` or ``{split}.{lang}.gz`` files (one sentence per line,
-   lines aligned across languages: the layout of Multi30k); :func:`read_hub` reads WMT14 through
-   ``datasets`` (imported only then). Bad input raises :class:`DataError` naming the file, the line
-   and what is expected.
+1. :func:`read_split`, the one reader of training and ``eval.bleu``, takes three kinds of source
+   (``recipes.common.sources``): :func:`read_local` reads a directory of ``{split}.{lang}`` or
+   ``{split}.{lang}.gz`` files (one sentence per line, lines aligned across languages: the layout
+   of Multi30k); :func:`read_translations` reads the ``translation`` column of a local ``datasets``
+   directory (``save_to_disk`` or the hub's parquet files) or of a hub corpus (``wmt/wmt14``),
+   through ``datasets`` (imported only then). Bad input raises :class:`DataError` naming the file
+   (and line) or the dataset (and split, column or language) and what is expected.
 2. :func:`build_tokenizer` trains a joint BPE tokenizer (HF ``tokenizers``) on the source and target
    training text, cached under a hash of that text and of the settings, or loads one from a path.
    It is a ``PreTrainedTokenizerFast``: ``save_pretrained(dir)`` next to a model makes
@@ -31,6 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from recipes.common import sources as data_sources
+
 logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ["<pad>", "</s>", "<unk>", "<s>"]  # ids 0, 1, 2, 3
@@ -38,8 +43,8 @@ TOKENIZER_FORMAT = 1  # part of the cache key: bump when the tokenizer recipe be
 HUB_PAIRS = {"wmt/wmt14": ("cs-en", "de-en", "fr-en", "hi-en", "ru-en")}
 
 
-class DataError(ValueError):
-    """Input data that cannot be trained on; the message names the file (and line) and what is expected."""
+DataError = data_sources.DataError
+"""Input data that cannot be trained on; the message names the file (and line) and what is expected."""
 
 
 # 1. Reading parallel text -----------------------------------------------------------------------
@@ -99,46 +104,72 @@ def read_local(
     return (sources[:limit], targets[:limit]) if limit > 0 else (sources, targets)
 
 
-def hub_config(name: str, src: str, tgt: str) -> str:
-    """The ``datasets`` config of a hub corpus for a language pair (WMT14: ``de-en``, ``fr-en``, ...)."""
+def hub_config(name: str, src: str, tgt: str) -> str | None:
+    """The ``datasets`` config of a hub corpus for a language pair (WMT14: ``de-en``, ``fr-en``, ...);
+    None for a hub name not in :data:`HUB_PAIRS` (its only config, or ``datasets`` says which exist)."""
     if name not in HUB_PAIRS:
-        raise DataError(
-            f"unknown hub dataset {name!r}: expected one of {sorted(HUB_PAIRS)} or a local directory"
-        )
-    for config in HUB_PAIRS[name]:
+        return None
+    return pair_config(name, HUB_PAIRS[name], src, tgt)
+
+
+def pair_config(name: str, configs: Iterable[str], src: str, tgt: str) -> str:
+    """The config of ``configs`` named after the pair (``de-en`` for en-de and de-en)."""
+    configs = sorted(configs)
+    for config in configs:
         if set(config.split("-")) == {src, tgt}:
             return config
     raise DataError(
-        f"unknown language pair {src}-{tgt} for {name}: expected one of {', '.join(HUB_PAIRS[name])} "
+        f"unknown language pair {src}-{tgt} for {name}: expected one of {', '.join(configs)} "
         "(in either direction)"
     )
 
 
-def read_hub(name: str, split: str, src: str, tgt: str, limit: int = 0) -> tuple[list[str], list[str]]:
-    """(source, target) sentences of a ``datasets`` translation corpus (``wmt/wmt14``); needs network.
-
-    Splits: ``train``, ``validation``, ``test``. Pairs with an empty side are dropped.
-    """
-    config = hub_config(name, src, tgt)
-    try:
-        import datasets
-    except ImportError:
-        raise ImportError(
-            "reading from the hub needs `datasets`: pip install 'decentadam[recipes]'"
-        ) from None
-    rows = datasets.load_dataset(name, config, split=split)["translation"]
-    pairs = [(row[src].strip(), row[tgt].strip()) for row in rows]
-    pairs = [(s, t) for s, t in pairs if s and t]
+def read_translations(
+    dataset: Any, name: str, split: str, src: str, tgt: str, limit: int = 0
+) -> tuple[list[str], list[str]]:
+    """(source, target) sentences of a ``datasets`` split with a ``translation`` column of
+    ``{lang: sentence}`` dicts (WMT14's layout). Pairs with an empty side are dropped."""
+    data_sources.require_columns(dataset, name, split, {"translation": "a {language: sentence} dict per row"})
+    feature = dataset.features["translation"]
+    languages = list(getattr(feature, "languages", None) or (feature if isinstance(feature, dict) else []))
+    missing = [lang for lang in (src, tgt) if lang not in languages]
+    if missing:
+        raise DataError(
+            f"{name} (split {split}): its translation column has no {', '.join(missing)}; it has "
+            f"{', '.join(sorted(languages)) or 'no languages'} (expected the pair {src}-{tgt})"
+        )
+    columns = dataset.select_columns(["translation"]).flatten()
+    pairs = zip(columns[f"translation.{src}"], columns[f"translation.{tgt}"], strict=True)
+    stripped = ((s.strip() if s else "", t.strip() if t else "") for s, t in pairs)
+    kept = [(s, t) for s, t in stripped if s and t]
+    if not kept:
+        raise DataError(f"{name} (split {split}): no pair with both sides non-empty")
     if limit > 0:
-        pairs = pairs[:limit]
-    return [s for s, _ in pairs], [t for _, t in pairs]
+        kept = kept[:limit]
+    return [s for s, _ in kept], [t for _, t in kept]
 
 
 def read_split(source: str, split: str, src: str, tgt: str, limit: int = 0) -> tuple[list[str], list[str]]:
-    """A local directory (``source`` is a path) or a hub name such as ``wmt/wmt14``."""
-    if source in HUB_PAIRS:
-        return read_hub(source, split, src, tgt, limit)
-    return read_local(source, split, src, tgt, limit)
+    """(source, target) sentences of ``split``: the one reader of training and ``eval.bleu``.
+
+    ``source`` is a directory of ``{split}.{lang}[.gz]`` files (:func:`read_local`), a local
+    ``datasets`` directory (``save_to_disk``, or parquet files in the hub's layout such as
+    ``DIR/de-en/train-00000-of-00003.parquet``) or a hub name (``wmt/wmt14``); the last two need
+    a ``translation`` column (:func:`read_translations`). At most ``limit`` pairs when ``limit > 0``.
+    """
+    if src == tgt:
+        raise DataError(f"unknown language pair {src}-{tgt}: source and target must differ")
+    kind = data_sources.source_kind(source, files=f"{split}.{src} and {split}.{tgt} files", hub="wmt/wmt14")
+    if kind == "files":
+        return read_local(source, split, src, tgt, limit)
+    config = None
+    if kind == "hub":
+        config = hub_config(source, src, tgt)
+    elif kind == "parquet":
+        configs = [c for c in data_sources.parquet_layout(source) if c]
+        config = pair_config(source, configs, src, tgt) if len(configs) > 1 else None
+    dataset = data_sources.load_split(source, kind, split, config)
+    return read_translations(dataset, source, split, src, tgt, limit)
 
 
 # 2. The joint subword tokenizer -----------------------------------------------------------------

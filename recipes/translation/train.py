@@ -172,7 +172,10 @@ def main(argv: list[str] | None = None) -> None:
     # 3. Training: one optimizer step per grad_accum micro-batches; log, evaluate and save on the way
     # (off the training clock).
     progress = tqdm(total=t.max_steps, initial=step, disable=not accelerator.is_main_process)
-    window = torch.zeros(3, dtype=torch.float64)  # loss sum, micro-batches, target tokens since the last log
+    # Loss sum, micro-batches, target tokens since the last log, summed on the device: read (a host-device
+    # sync) only at log steps. The float64 sums of the same float32 losses give the numbers of a host sum.
+    window = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
+    one = torch.ones((), dtype=torch.float64, device=accelerator.device)
     window_start = clock.seconds
     since = None  # decentadam: communication counters at the last log
     stop = step >= t.max_steps
@@ -186,13 +189,13 @@ def main(argv: list[str] | None = None) -> None:
             if len(micro) < t.grad_accum:
                 continue
             for position, micro_batch in enumerate(micro):
-                micro_batch = {k: v.to(accelerator.device) for k, v in micro_batch.items()}
+                micro_batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in micro_batch.items()}
                 last = position == len(micro) - 1
                 # DDP all-reduces gradients on the last micro-batch only; decentralized never does.
                 with contextlib.nullcontext() if last or decentralized else accelerator.no_sync(model):
                     loss, _, tokens = loss_and_tokens(model, micro_batch, o.label_smoothing)
                     accelerator.backward(loss / len(micro))
-                window += torch.tensor([float(loss.detach()), 1.0, float(tokens)], dtype=torch.float64)
+                window += torch.stack((loss.detach().double(), one, tokens.double()))
             micro.clear()
             if o.clip_norm > 0:
                 accelerator.clip_grad_norm_(model.parameters(), o.clip_norm)  # this rank's gradient
@@ -205,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
             stop = step >= t.max_steps
 
             if step % t.log_every == 0 or stop:
-                totals = accelerator.reduce(window.to(accelerator.device), reduction="sum").cpu()
+                totals = accelerator.reduce(window, reduction="sum").cpu()
                 values = {
                     "train/loss": float(totals[0] / totals[1]),
                     "train/tokens_per_s": float(totals[2]) / max(clock.seconds - window_start, 1e-9),

@@ -1,0 +1,254 @@
+"""One data argument, three kinds of source (recipes.common.sources), for both recipes' readers and both
+eval scripts: plain files, a local `datasets` directory (save_to_disk, or parquet in the hub's layout)
+and a hub name (datasets.load_dataset monkeypatched to hand back a local dataset: no network here)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+pytest.importorskip("datasets", reason="local and hub datasets need pip install '.[recipes]'")
+pytest.importorskip("transformers", reason="the recipes need pip install '.[recipes]'")
+pytest.importorskip("sacrebleu", reason="eval.bleu needs pip install '.[recipes]'")
+
+import datasets
+
+from eval import accuracy, bleu, contract
+from recipes.common import sources
+from recipes.imagenet import data as image_data
+from recipes.translation import data as text_data
+from tests.test_accuracy import public_checkpoint  # noqa: F401 (the fixture of a classifier)
+from tests.test_bleu import SOURCES, TARGETS, save_checkpoint, write_test_set
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """load_dataset("parquet") converts to Arrow under the datasets cache: keep it in the test's folder."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+
+
+def wmt_rows(pairs: list[tuple[str, str]], other: str = "de") -> Any:
+    """A split in WMT14's layout: a `translation` column of {other: ..., "en": ...} dicts."""
+    return datasets.Dataset.from_dict({"translation": [{other: t, "en": s} for s, t in pairs]})
+
+
+def wmt_test_split() -> Any:
+    return wmt_rows([*zip(SOURCES, TARGETS, strict=True), ("", "leer")])  # the empty pair is dropped
+
+
+def saved_translations(root: Path) -> Path:
+    datasets.DatasetDict({"test": wmt_test_split(), "train": wmt_rows([("a", "b")])}).save_to_disk(root)
+    return root
+
+
+def parquet_translations(root: Path) -> Path:
+    """Two configs, as the hub's wmt/wmt14 parquet files: DIR/de-en/..., DIR/fr-en/..."""
+    (root / "de-en").mkdir(parents=True)
+    (root / "fr-en").mkdir()
+    wmt_test_split().to_parquet(root / "de-en" / "test-00000-of-00001.parquet")
+    wmt_rows([("a", "b")]).to_parquet(root / "de-en" / "train-00000-of-00001.parquet")
+    wmt_rows([("one", "un")], other="fr").to_parquet(root / "fr-en" / "test-00000-of-00001.parquet")
+    return root
+
+
+def hub(monkeypatch: pytest.MonkeyPatch, dataset: Any) -> list[tuple[Any, ...]]:
+    """datasets.load_dataset replaced by one that records its arguments and returns ``dataset``."""
+    calls: list[tuple[Any, ...]] = []
+
+    def load_dataset(name: str, config: str | None = None, *, split: str) -> Any:
+        calls.append((name, config, split))
+        return dataset
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return calls
+
+
+# Which kind ------------------------------------------------------------------------------------
+
+
+def test_source_kind_and_the_parquet_layout(tmp_path: Path) -> None:
+    kind = {"files": "F", "hub": "owner/name"}
+    assert sources.source_kind(str(write_test_set(tmp_path / "files")), **kind) == "files"
+    assert sources.source_kind(str(saved_translations(tmp_path / "saved")), **kind) == "saved"
+    parquet = parquet_translations(tmp_path / "parquet")
+    assert sources.source_kind(str(parquet), **kind) == "parquet"
+    assert sources.source_kind("wmt/wmt14", **kind) == "hub"
+    layout = sources.parquet_layout(parquet)
+    assert sorted(layout) == ["de-en", "fr-en"] and sorted(layout["de-en"]) == ["test", "train"]
+    (tmp_path / "flat" / "validation").mkdir(parents=True)
+    wmt_rows([("a", "b")]).to_parquet(tmp_path / "flat" / "validation" / "0000.parquet")
+    assert list(sources.parquet_layout(tmp_path / "flat")) == [""]  # the split's folder is no config
+    assert list(sources.parquet_layout(tmp_path / "flat")[""]) == ["validation"]
+    expected = r"expected a directory of F, a local `datasets` directory .* or a hub name owner/name"
+    with pytest.raises(sources.DataError, match=rf"{tmp_path / 'nope'}: no such directory.*{expected}"):
+        sources.source_kind(str(tmp_path / "nope"), **kind)
+    with pytest.raises(sources.DataError, match=rf"test\.en is a file, not a dataset: {expected}"):
+        sources.source_kind(str(tmp_path / "files" / "test.en"), **kind)
+
+
+# Translation: the recipe's reader and eval.bleu ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def seq2seq(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("seq2seq")
+    save_checkpoint(out, seed=0)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["files", "saved", "parquet", "hub"])
+def test_translation_reader_and_eval_bleu_read_every_kind(
+    kind: str, seq2seq: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if kind == "files":
+        path = str(write_test_set(tmp_path / "files"))
+    elif kind == "saved":
+        path = str(saved_translations(tmp_path / "saved"))
+    elif kind == "parquet":
+        path = str(parquet_translations(tmp_path / "parquet"))
+    else:
+        path, calls = "wmt/wmt14", hub(monkeypatch, wmt_test_split())
+    assert text_data.read_split(path, "test", "en", "de") == (SOURCES, TARGETS)
+    assert text_data.read_split(path, "test", "de", "en", limit=2) == (TARGETS[:2], SOURCES[:2])
+    argv = [str(seq2seq), "--data", path, "--split", "test", "--src", "en", "--tgt", "de", "--max-len-b", "2"]
+    result = contract.main(bleu.parser(), bleu._evaluate, argv)  # the command line, in this process
+    assert result["sentences"] == len(SOURCES) and result["data"] == path
+    if kind == "hub":
+        assert calls == [("wmt/wmt14", "de-en", "test")] * 3
+
+
+def test_translation_errors_name_the_dataset_and_what_it_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved, parquet = saved_translations(tmp_path / "saved"), parquet_translations(tmp_path / "parquet")
+    with pytest.raises(text_data.DataError, match=rf"{saved}: no split 'validation'; it has test, train"):
+        text_data.read_split(str(saved), "validation", "en", "de")
+    no_split = rf"{parquet / 'de-en'}: no split 'validation'; it has test, train"
+    with pytest.raises(text_data.DataError, match=no_split):
+        text_data.read_split(str(parquet), "validation", "en", "de")
+    pairs = rf"unknown language pair en-cs for {parquet}: expected one of de-en, fr-en"
+    with pytest.raises(text_data.DataError, match=pairs):
+        text_data.read_split(str(parquet), "test", "en", "cs")
+    languages = rf"{saved} \(split test\): its translation column has no fr; it has de, en"
+    with pytest.raises(text_data.DataError, match=languages):
+        text_data.read_split(str(saved), "test", "en", "fr")
+    text = datasets.Dataset.from_dict({"text": ["a"]})
+    text.save_to_disk(tmp_path / "one")
+    with pytest.raises(text_data.DataError, match=r"holds one Dataset \(split unnamed\), not split 'test'"):
+        text_data.read_split(str(tmp_path / "one"), "test", "en", "de")
+    datasets.DatasetDict({"test": text}).save_to_disk(tmp_path / "text")
+    column = rf"{tmp_path / 'text'} \(split test\): no column 'translation' \(expected a .*\); it has text"
+    with pytest.raises(text_data.DataError, match=column):
+        text_data.read_split(str(tmp_path / "text"), "test", "en", "de")
+    with pytest.raises(text_data.DataError, match=r"unknown language pair en-ja for wmt/wmt14: .*de-en"):
+        text_data.read_split("wmt/wmt14", "test", "en", "ja")
+
+    def unknown_split(name: str, config: str | None = None, *, split: str) -> Any:
+        raise ValueError(f"Unknown split \"{split}\". Should be one of ['train', 'validation', 'test'].")
+
+    monkeypatch.setattr(datasets, "load_dataset", unknown_split)
+    hub_split = r"wmt/wmt14 \(config de-en, split dev\): not a local directory, .*Should be one of"
+    with pytest.raises(text_data.DataError, match=hub_split):
+        text_data.read_split("wmt/wmt14", "dev", "en", "de")
+    # eval.bleu: a data error is exit code 3 with the reader's message
+    with pytest.raises(SystemExit) as stopped:
+        argv = ["unused", "--data", str(saved), "--split", "dev", "--src", "en", "--tgt", "de"]
+        contract.main(bleu.parser(), bleu._evaluate, argv)
+    assert stopped.value.code == 3
+    assert f"error: {saved}: no split 'dev'; it has test, train" in capsys.readouterr().err
+
+
+# Images: the recipe's reader and eval.accuracy --------------------------------------------------
+
+
+CLASSES = ["cat", "dog", "fox"]
+
+
+def png(seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (20, 24, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def image_rows(count: int, seed: int = 0) -> Any:
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=CLASSES)})
+    rows = {
+        "image": [{"bytes": png(seed + i), "path": None} for i in range(count)],
+        "label": [i % len(CLASSES) for i in range(count)],
+    }
+    return datasets.Dataset.from_dict(rows, features=features)
+
+
+def image_dataset(kind: str, root: Path) -> str:
+    """A train (6 images) and validation (3 images) split of the given kind."""
+    splits = {"train": image_rows(6), "validation": image_rows(3, seed=100)}
+    if kind == "saved":
+        datasets.DatasetDict(splits).save_to_disk(root)
+    elif kind == "parquet":  # ILSVRC/imagenet-1k's layout: DIR/data/SPLIT-00000-of-0000N.parquet
+        (root / "data").mkdir(parents=True)
+        for split, rows in splits.items():
+            rows.to_parquet(root / "data" / f"{split}-00000-of-00001.parquet")
+    else:
+        for split, rows in splits.items():
+            for index, row in enumerate(rows):
+                (root / split / CLASSES[row["label"]]).mkdir(parents=True, exist_ok=True)
+                row["image"].save(root / split / CLASSES[row["label"]] / f"{index}.png")
+    return str(root)
+
+
+@pytest.mark.parametrize("kind", ["files", "saved", "parquet", "hub"])
+def test_image_reader_and_eval_accuracy_read_every_kind(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    classifier = request.getfixturevalue("public_checkpoint")
+    if kind == "hub":
+        path, calls = "ILSVRC/imagenet-1k", hub(monkeypatch, image_rows(3, seed=100))
+    else:
+        path = image_dataset(kind, tmp_path / kind)
+    val = image_data.open_split(path, "validation")
+    image, label = val.load(1)
+    assert val.classes == CLASSES and len(val) == 3 and label == 1 and image.mode == "RGB"
+    assert np.array_equal(np.asarray(image), np.asarray(Image.open(io.BytesIO(png(101)))))
+    if kind != "hub":
+        train, _ = image_data.open_splits(path, "train", "validation")
+        assert len(train) == 6
+    argv = [str(classifier), "--data", path, "--split", "validation", "--batch-size", "2"]
+    result = contract.main(accuracy.parser(), accuracy._evaluate, argv)
+    assert result["images"] == 3 and result["classes"] == 3
+    assert result["label_mapping"] == "sorted-folder-order"
+    if kind == "hub":
+        assert calls == [("ILSVRC/imagenet-1k", None, "validation")] * 2
+
+
+def test_image_errors_name_the_dataset_and_what_it_has(tmp_path: Path) -> None:
+    saved = image_dataset("saved", tmp_path / "saved")
+    with pytest.raises(image_data.DataError, match=rf"{saved}: no split 'val'; it has train, validation"):
+        image_data.open_split(saved, "val")
+    parquet = image_dataset("parquet", tmp_path / "parquet")
+    no_split = rf"{Path(parquet) / 'data'}: no split 'test'; it has train, validation"
+    with pytest.raises(image_data.DataError, match=no_split):
+        image_data.open_split(parquet, "test")
+    unlabelled = datasets.DatasetDict({"train": image_rows(2).remove_columns("label")})
+    unlabelled.save_to_disk(tmp_path / "unlabelled")
+    column = r"unlabelled \(split train\): no column 'label' \(expected a class index .*\); it has image"
+    with pytest.raises(image_data.DataError, match=column):
+        image_data.open_split(str(tmp_path / "unlabelled"), "train")
+    plain = image_rows(2).cast_column("label", datasets.Value("int64"))
+    datasets.DatasetDict({"train": plain}).save_to_disk(tmp_path / "plain")
+    with pytest.raises(image_data.DataError, match=r"not a ClassLabel with class names; cast it"):
+        image_data.open_split(str(tmp_path / "plain"), "train")
+    broken = datasets.Dataset.from_dict(
+        {"image": [{"bytes": b"not a png", "path": None}], "label": [0]},
+        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=CLASSES)}),
+    )
+    datasets.DatasetDict({"train": broken}).save_to_disk(tmp_path / "broken")
+    with pytest.raises(image_data.UnreadableImage, match=r"broken train row 0: cannot read its image"):
+        image_data.open_split(str(tmp_path / "broken"), "train").load(0)
+    with pytest.raises(image_data.DataError, match=r"no such directory, and not a hub name"):
+        image_data.open_split(str(tmp_path / "missing"), "train")
