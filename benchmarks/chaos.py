@@ -382,7 +382,8 @@ def report(result: dict[str, Any], invocation: str) -> str:
         "",
         f"- restarts: {result['restarts']}; steps redone: {result['steps_redone']}",
         f"- wall: {result['wall_s']:.1f} s with faults, {result['reference_wall_s']:.1f} s without "
-        f"(overhead {result['overhead_s']:.1f} s)",
+        f"(overhead {result['overhead_s']:.1f} s, which includes the pause of "
+        f"{result['settings']['save_delay_s']} s the chaos run makes in each of its saves)",
         f"- complete checkpoints at the end: {len(result['checkpoints_loaded_at_end'])}, all loaded",
         "",
         "The chaos run's command (the fault-free run is the same with `--max-restarts 0`; the controller "

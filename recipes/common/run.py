@@ -173,12 +173,12 @@ class RunDirectory:
     def prune(self, keep_last: int) -> None:
         """Delete all but the newest ``keep_last`` checkpoints (0: keep all); every rank calls it."""
         if self.accelerator.is_main_process and keep_last > 0:
+            for doomed in self.path.glob(".*.deleting"):  # left by a run killed while deleting
+                shutil.rmtree(doomed)
             for old in list_checkpoints(self.path)[:-keep_last]:
                 doomed = checkpoint_files.sibling(old, "deleting")
                 os.rename(old, doomed)  # atomic: killed after it, no half-deleted step-N remains
                 shutil.rmtree(doomed)
-            for doomed in self.path.glob(".*.deleting"):  # left by a run killed while deleting
-                shutil.rmtree(doomed, ignore_errors=True)
         self.accelerator.wait_for_everyone()
 
     def record(self, values: dict[str, Any]) -> None:
