@@ -69,7 +69,8 @@ def join_process_group(timeout_s: float = 0.0) -> None:
 
     torchrun's agent (also behind ``accelerate launch --max_restarts``) keeps one store for every
     attempt, and the keys of a failed attempt stay in it: the next attempt's gloo process groups
-    read the dead processes' addresses from them and wait on those forever (torch 2.13). Called before
+    read the dead processes' addresses from them and wait on those forever (torch 2.13; the store
+    sharing is pytorch/pytorch#135712). Called before
     ``Accelerator()``, this puts every key of the attempt under ``attempt-N/``
     (``TORCHELASTIC_RESTART_COUNT``); Accelerate then uses this group. ``timeout_s`` (0: torch's
     default) bounds every collective. Does nothing outside torchrun's agent or in one process.
