@@ -18,6 +18,13 @@ continues from a checkpoint written by ``--output-dir``, exactly as if the run h
 the same number of processes and ``--seed``): every rank's parameters, AccumAdam state, learning-rate
 schedule and random state come from the checkpoint, and the data order from the seed and the
 position saved with it (epoch and batch, through Accelerate's seedable sampler).
+
+``--resume auto`` continues from ``--output-dir``'s checkpoint when it holds one and starts a new run
+when it does not; with ``--save-every N`` (a checkpoint every N steps, replacing the previous one
+atomically) a launcher can restart a failed run unattended and lose at most N steps::
+
+    ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 4 --max_restarts 3 \\
+        examples/accelerate_lm.py --output-dir runs/lm --save-every 50 --resume auto
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
@@ -32,7 +40,7 @@ from accelerate.utils import set_seed
 from char_data import CharDataset, load_text, split, tiny_gpt2, vocabulary_of
 from torch.utils.data import DataLoader
 
-from decentadam import DecentralizedAdam
+from decentadam import DecentralizedAdam, checkpoint_files
 from decentadam.checkpoint import load_checkpoint, save_checkpoint
 from decentadam.consensus import averaged
 from decentadam.integrations.accelerate import log_metrics_every, prepare
@@ -58,13 +66,43 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--accum-steps", type=int, default=1, help="AccumAdam window s (second moment local)")
     parser.add_argument("--log-every", type=int, default=50, help="steps between logs and evaluations")
     parser.add_argument("--output-dir", help="write a checkpoint here at the end")
-    parser.add_argument("--resume", help="continue from this checkpoint")
+    parser.add_argument(
+        "--save-every", type=int, default=0, help="also write it every N steps (0: at the end only)"
+    )
+    parser.add_argument(
+        "--resume",
+        help="continue from this checkpoint; 'auto': from --output-dir's if it holds one, else start anew",
+    )
     parser.add_argument("--seed", type=int, default=0, help="model initialisation and data order")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if (args.resume == "auto" or args.save_every) and not args.output_dir:
+        parser.error("--resume auto and --save-every need --output-dir (where the checkpoint goes)")
+    return args
+
+
+def resume_from(args: argparse.Namespace) -> str | None:
+    """The checkpoint ``--resume`` names: for ``auto``, ``--output-dir`` if it holds a complete one.
+
+    ``auto`` starts a new run when ``--output-dir`` is absent or empty, and refuses one that holds
+    something else (saving there would fail at the first save, after the training it cost).
+    """
+    named: str | None = args.resume
+    if named != "auto":
+        return named
+    output = Path(args.output_dir)
+    checkpoint_files.recover(output)  # a save killed between its two renames: take the previous one
+    if checkpoint_files.is_foreign(output):
+        raise SystemExit(
+            f"--resume auto: --output-dir {output} holds files but no complete decentadam checkpoint "
+            f"({checkpoint_files.meta_file(output)} is missing): it is not this run's. Pass a new or empty "
+            "--output-dir, or the checkpoint directory of the run to continue."
+        )
+    return str(output) if checkpoint_files.is_checkpoint(output) else None
 
 
 def main() -> None:
     args = parse_args()
+    resume = resume_from(args)
     set_seed(args.seed)
     accelerator = Accelerator(  # a seedable sampler: the data order is a function of (seed, epoch)
         gradient_accumulation_steps=args.grad_accum,
@@ -95,9 +133,16 @@ def main() -> None:
     )
     log_metrics_every(accelerator, optimizer, every=args.log_every)  # decentadam
     start_step = epoch = start_batch = 0  # start_batch: micro-batches of `epoch` already trained on
-    if args.resume:
-        extra = load_checkpoint(args.resume, model, optimizer, scheduler=scheduler)
+    if resume:
+        extra = load_checkpoint(resume, model, optimizer, scheduler=scheduler)
         start_step, epoch, start_batch = int(extra["step"]), int(extra["epoch"]), int(extra["batch"])
+        accelerator.print(f"resumed from {resume} at step {start_step}")
+
+    def save(epoch: int, batch: int) -> None:
+        save_checkpoint(  # decentadam: the consensus model and every rank's state, atomically
+            args.output_dir, model, optimizer, scheduler=scheduler,
+            extra={"step": step, "epoch": epoch, "batch": batch},
+        )  # fmt: skip
 
     def evaluate() -> float:
         with averaged(model, optimizer), torch.no_grad():  # decentadam: the consensus model
@@ -143,14 +188,13 @@ def main() -> None:
             if step == args.steps:
                 start_batch = batch_index + 1
                 break
+            if args.save_every and step % args.save_every == 0:
+                save(epoch, batch_index + 1)
         else:
             epoch, start_batch = epoch + 1, 0
 
     if args.output_dir:
-        save_checkpoint(
-            args.output_dir, model, optimizer, scheduler=scheduler,
-            extra={"step": step, "epoch": epoch, "batch": start_batch},
-        )  # decentadam  # fmt: skip
+        save(epoch, start_batch)
         accelerator.print(f"saved the consensus model and every rank's state to {args.output_dir}")
     optimizer.optimizer.close()  # decentadam: let the last exchange finish, release the exchange groups
     accelerator.end_training()

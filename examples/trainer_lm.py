@@ -7,7 +7,9 @@ CPU-only machine, 4 processes (gloo; ``use_cpu=True`` is set below when no GPU i
 
 or ``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 4 examples/trainer_lm.py``.
 On GPUs: ``torchrun --nproc_per_node 8 examples/trainer_lm.py --bf16 ...``. Add
-``--resume`` to continue from the newest complete checkpoint in ``--output-dir``.
+``--resume`` to continue from the newest complete checkpoint in ``--output-dir``, or ``--resume auto``
+to do so when there is one and start a new run when there is none (what a launcher's automatic
+restart needs: ``torchrun --max-restarts=3 ... --resume auto``).
 
 The only changes against a stock Trainer script are the ``DecentralizedTrainer`` class and its
 ``DecentralizedArguments``; evaluation and saved checkpoints use the consensus model, and the
@@ -17,12 +19,18 @@ training logs carry the consensus distance and the communication wait.
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 
 import torch
 from char_data import CharDataset, load_text, split, tiny_gpt2, vocabulary_of
 from transformers import TrainingArguments
 
-from decentadam.integrations.trainer import DecentralizedArguments, DecentralizedTrainer
+from decentadam.integrations.trainer import (
+    DecentralizedArguments,
+    DecentralizedTrainer,
+    last_complete_checkpoint,
+)
 
 
 def parse_args() -> argparse.Namespace:
@@ -40,12 +48,42 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--second-moment", choices=("all_ranks", "local"), default="all_ranks")
     parser.add_argument("--accum-steps", type=int, default=1, help="AccumAdam window s (second moment local)")
     parser.add_argument("--bf16", action="store_true")
-    parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    parser.add_argument(
+        "--resume",
+        nargs="?",
+        choices=("auto", "must"),
+        const="must",
+        help="continue from the newest complete checkpoint in --output-dir: 'must' (a bare --resume) "
+        "fails without one, 'auto' then starts a new run",
+    )
     return parser.parse_args()
+
+
+def resume_from(output_dir: str, resume: str | None) -> str | bool | None:
+    """What ``train(resume_from_checkpoint=...)`` gets for ``--resume``.
+
+    ``auto`` refuses an ``--output-dir`` that holds files but nothing a Trainer run wrote (no
+    ``checkpoint-N``, no ``training_args.bin``): it is not this run's directory.
+    """
+    if resume == "must":
+        return True  # the newest complete checkpoint-N; DecentralizedTrainer skips incomplete ones
+    if resume != "auto":
+        return None
+    directory = Path(output_dir)
+    entries = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+    ours = any(re.fullmatch(r"checkpoint-\d+", name) for name in entries) or "training_args.bin" in entries
+    if entries and not ours:
+        raise SystemExit(
+            f"--resume auto: --output-dir {directory} is not a Trainer run directory: it holds "
+            f"{', '.join(entries[:5])} but no checkpoint-N and no training_args.bin. Pass a new or empty "
+            "--output-dir, or the one of the run to continue."
+        )
+    return last_complete_checkpoint(output_dir)
 
 
 def main() -> None:
     args = parse_args()
+    resume = resume_from(args.output_dir, args.resume)  # before any work: a wrong directory fails now
     train_text, val_text = split(load_text(args.text))
     vocabulary = vocabulary_of(train_text)
     training = TrainingArguments(
@@ -77,7 +115,7 @@ def main() -> None:
             topology=args.topology, second_moment=args.second_moment, accum_steps=args.accum_steps
         ),
     )
-    trainer.train(resume_from_checkpoint=True if args.resume else None)
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()  # the consensus model: GPT2LMHeadModel.from_pretrained(output_dir) loads it
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,18 +41,22 @@ def last_log(output: str) -> tuple[str, str, str]:
 
 def test_accelerate_example_trains_saves_and_resumes(tmp_path: Path) -> None:
     checkpoint = tmp_path / "ckpt"
-    first = accelerate_launch(
-        "--steps", "6", "--log-every", "3", "--block", "32", "--output-dir", str(checkpoint)
-    )
+    first = accelerate_launch(  # a checkpoint at step 3 (--save-every), replaced at the end
+        "--steps", "6", "--log-every", "3", "--block", "32", "--output-dir", str(checkpoint),
+        "--save-every", "3",
+    )  # fmt: skip
     assert "4 processes, topology aer" in first
     lines = [line for line in first.splitlines() if line.startswith("step")]
     assert [line.split()[1] for line in lines] == ["3", "6"]
     assert (checkpoint / "model.safetensors").is_file()
     assert len(list((checkpoint / "decentadam").glob("rank-*.pt"))) == 4
+    # --resume auto: continue from --output-dir's checkpoint (what a launcher's restart runs)
+    shutil.copytree(checkpoint, tmp_path / "resumed")
     resumed = accelerate_launch(
-        "--steps", "8", "--log-every", "4", "--block", "32", "--resume", str(checkpoint),
+        "--steps", "8", "--log-every", "4", "--block", "32", "--resume", "auto",
         "--output-dir", str(tmp_path / "resumed"),
     )  # fmt: skip
+    assert f"resumed from {tmp_path / 'resumed'} at step 6" in resumed
     assert [line.split()[1] for line in resumed.splitlines() if line.startswith("step")] == ["8"]
     # exact: the same as 8 steps without a stop (parameters, AccumAdam state, schedule, RNG, data order)
     straight = accelerate_launch(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,12 +82,32 @@ def test_flags_override_the_preset_and_the_overrides(tmp_path: Path) -> None:
         ["train.max_steps=5", "--preset", "mine", "--accum-steps", "2", "optim.topology=complete",
          "--output-dir", "out", "--resume", "--local-world-size", "2"],
     )  # fmt: skip
-    assert args.resume and cfg.train.max_steps == 5 and cfg.train.output_dir == "out"
+    assert args.resume == "must" and cfg.train.max_steps == 5 and cfg.train.output_dir == "out"
     assert (cfg.optim.topology, cfg.optim.accum_steps, cfg.optim.local_world_size) == ("complete", 2, 2)
     _, flagged = cli.parse("x", "doc", presets, ("allreduce",), ["--preset", "mine", "--topology", "ring"])
     assert flagged.optim.topology == "ring" and flagged.optim.optimizer == "decentralized"
     with pytest.raises(SystemExit):  # argparse: not one of the choices
         cli.parse("x", "doc", presets, ("allreduce",), ["--preset", "mine", "--optimizer", "decentralized"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "mode", "steps"),
+    [
+        ([], "none", 3),
+        (["--resume"], "must", 3),
+        (["--resume", "train.max_steps=7"], "must", 7),  # a bare --resume leaves the override alone
+        (["train.max_steps=7", "--resume", "must"], "must", 7),
+        (["--resume", "auto", "train.max_steps=7"], "auto", 7),
+        (["--resume=auto"], "auto", 3),
+    ],
+)
+def test_resume_is_none_must_or_auto(tmp_path: Path, argv: list[str], mode: str, steps: int) -> None:
+    (tmp_path / "mine.toml").write_text("[train]\nmax_steps = 3\n")
+    presets = Presets(Config, tmp_path)
+    args, cfg = cli.parse("x", "doc", presets, ("allreduce",), ["--preset", "mine", *argv])
+    assert (args.resume, cfg.train.max_steps) == (mode, steps)
+    with pytest.raises(SystemExit):
+        cli.parse("x", "doc", presets, ("allreduce",), ["--preset", "mine", "--resume=later"])
 
 
 def test_bad_input_is_one_line_from_rank_zero_and_exit_code_2(
@@ -146,16 +167,18 @@ def test_keep_last_keeps_the_newest_and_zero_keeps_all(tmp_path: Path) -> None:
         complete_checkpoint(directory.checkpoint(step), step)
     directory.prune(0)
     assert len(run.list_checkpoints(tmp_path)) == 4
+    (tmp_path / ".step-2.deleting" / "decentadam").mkdir(parents=True)  # a prune killed half-way
     directory.prune(2)
     assert [p.name for p in run.list_checkpoints(tmp_path)] == ["step-3", "step-12"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-12", "step-3"]  # no .deleting left
     assert accelerator.barriers == 2  # every rank waits for the deletion
 
 
 def test_a_new_run_refuses_checkpoints_and_resume_takes_the_newest(tmp_path: Path) -> None:
     directory = run.RunDirectory(tmp_path / "run", FakeAccelerator())  # type: ignore[arg-type]
-    assert directory.resume_from(False) is None
-    with pytest.raises(ConfigError, match=r"--resume: .*run holds no checkpoint to resume from"):
-        directory.resume_from(True)
+    assert directory.resume_from("none") is None
+    with pytest.raises(ConfigError, match=r"--resume: .*run holds no complete checkpoint to resume from"):
+        directory.resume_from("must")
     directory.write_config("[train]\n")
     directory.record({"step": 2, "train_seconds": 1.5})
     directory.record({"step": 4, "train_seconds": 3.0})
@@ -164,8 +187,86 @@ def test_a_new_run_refuses_checkpoints_and_resume_takes_the_newest(tmp_path: Pat
     complete_checkpoint(directory.checkpoint(4), 4)
     complete_checkpoint(directory.checkpoint(20), 20)
     with pytest.raises(ConfigError, match=r"already holds checkpoints \(step-20\): pass --resume"):
-        directory.resume_from(False)
-    assert directory.resume_from(True) == tmp_path / "run" / "step-20"
+        directory.resume_from("none")
+    assert directory.resume_from("must") == tmp_path / "run" / "step-20"
+
+
+def test_resume_auto_starts_fresh_without_a_checkpoint_and_resumes_the_newest_complete_one(
+    tmp_path: Path,
+) -> None:
+    directory = run.RunDirectory(tmp_path / "run", FakeAccelerator())  # type: ignore[arg-type]
+    assert directory.resume_from("auto") is None  # no directory yet
+    (tmp_path / "run").mkdir()
+    assert directory.resume_from("auto") is None  # empty
+    # what a run killed before its first save leaves: its own files, a save's staging directory
+    directory.write_config("[train]\n")
+    directory.record({"step": 2})
+    (tmp_path / "run" / "tb").mkdir()
+    (tmp_path / "run" / ".step-2.incomplete" / "decentadam").mkdir(parents=True)
+    assert directory.resume_from("auto") is None
+    complete_checkpoint(directory.checkpoint(2), 2)
+    complete_checkpoint(directory.checkpoint(4), 4)
+    # killed while saving step 6 (no meta.json yet) and while deleting step 2 (renamed first)
+    (tmp_path / "run" / "step-6" / "decentadam").mkdir(parents=True)
+    (tmp_path / "run" / "step-6" / "model.safetensors").write_bytes(b"partial")
+    (tmp_path / "run" / ".step-0.deleting").mkdir()
+    assert directory.resume_from("auto") == directory.checkpoint(4)
+    assert directory.resume_from("must") == directory.checkpoint(4)
+
+
+def test_resume_auto_undoes_a_save_killed_between_its_two_renames(tmp_path: Path) -> None:
+    directory = run.RunDirectory(tmp_path, FakeAccelerator())  # type: ignore[arg-type]
+    complete_checkpoint(directory.checkpoint(2), 2)
+    complete_checkpoint(checkpoint_files.sibling(directory.checkpoint(4), "previous"), 4)
+    assert directory.resume_from("auto") == directory.checkpoint(4)
+    assert not checkpoint_files.sibling(directory.checkpoint(4), "previous").exists()
+
+
+@pytest.mark.parametrize("foreign", ["notes.txt", "data", "step-3"])
+def test_resume_auto_refuses_a_directory_that_is_not_a_run(tmp_path: Path, foreign: str) -> None:
+    directory = run.RunDirectory(tmp_path, FakeAccelerator())  # type: ignore[arg-type]
+    complete_checkpoint(directory.checkpoint(2), 2)
+    if foreign == "data":
+        (tmp_path / foreign).mkdir()
+    else:
+        (tmp_path / foreign).write_text("not ours")  # step-3 as a file is not a checkpoint either
+    expected = rf"output_dir {tmp_path} is not a run directory of this recipe: it holds {foreign}"
+    with pytest.raises(ConfigError, match=expected + r".*Pass an output_dir that is new, empty or an"):
+        directory.resume_from("auto")
+    assert directory.resume_from("must") == directory.checkpoint(2)  # only auto guesses, so only auto refuses
+    (tmp_path / "run-file").write_text("")
+    with pytest.raises(ConfigError, match=r"is a file, not a run directory"):
+        run.RunDirectory(tmp_path / "run-file", FakeAccelerator()).resume_from("auto")  # type: ignore[arg-type]
+
+
+def test_a_restart_drops_the_metrics_of_the_steps_it_redoes(tmp_path: Path) -> None:
+    directory = run.RunDirectory(tmp_path, FakeAccelerator())  # type: ignore[arg-type]
+    directory.keep_metrics_until(4)  # no file yet: nothing to do
+    for step in (2, 4, 6):
+        directory.record({"step": step})
+    directory.keep_metrics_until(4)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [2, 4]
+
+
+def test_the_chaos_save_delay_wraps_the_processor_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saved: list[str] = []
+
+    class Processor:
+        def save_pretrained(self, directory: str) -> None:
+            saved.append(directory)
+
+    directory = run.RunDirectory(tmp_path, FakeAccelerator())  # type: ignore[arg-type]
+    processor = Processor()
+    monkeypatch.delenv(run.SAVE_DELAY_ENV, raising=False)
+    assert directory.saving(processor) is processor
+    monkeypatch.setenv(run.SAVE_DELAY_ENV, "0.2")
+    slow = directory.saving(processor)
+    begin = time.perf_counter()
+    slow.save_pretrained("there")
+    assert time.perf_counter() - begin >= 0.2 and saved == ["there"]
 
 
 # The optimizer ------------------------------------------------------------------------------------
@@ -218,6 +319,7 @@ def test_the_builder_makes_each_optimizer_with_its_betas_and_the_groups() -> Non
     paper = optim.build_optimizer(Block(), "decentralized", **settings(accum_steps=4, second_moment="local"))
     assert isinstance(paper, DecentralizedAdam) and paper.param_groups[0]["accum_steps"] == 4
     paper.close()
+
     class FourRanks(SingleProcessCommunicator):  # as rank 2 of 4, exchanges that finish at once
         rank, world_size = 2, 4
 

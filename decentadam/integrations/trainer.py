@@ -52,7 +52,7 @@ from decentadam.amp import SyncedGradScaler
 from decentadam.consensus import averaged, metrics, unwrap_optimizer
 from decentadam.decentralized import CommStats, DecentralizedAdam
 
-__all__ = ["DecentralizedArguments", "DecentralizedTrainer"]
+__all__ = ["DecentralizedArguments", "DecentralizedTrainer", "last_complete_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -298,6 +298,20 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 def _last_complete_checkpoint(output_dir: str) -> str:
     """The newest checkpoint-N whose Trainer state and every rank's state were written."""
+    found = last_complete_checkpoint(output_dir)
+    if found is None:
+        raise ValueError(
+            f"no complete checkpoint in {output_dir} to resume from; to start a new run when there is "
+            "none, pass resume_from_checkpoint=last_complete_checkpoint(output_dir)"
+        )
+    return found
+
+
+def last_complete_checkpoint(output_dir: str) -> str | None:
+    """The newest ``checkpoint-N`` in ``output_dir`` whose Trainer state and every rank's state were
+    written, or None: ``train(resume_from_checkpoint=last_complete_checkpoint(dir))`` resumes when
+    there is one and starts a new run when there is none (a launcher's automatic restart).
+    Incomplete ones (a run killed while saving) are skipped with a warning."""
     candidates = []
     for entry in os.listdir(output_dir) if os.path.isdir(output_dir) else []:
         match = _CHECKPOINT.match(entry)
@@ -307,7 +321,7 @@ def _last_complete_checkpoint(output_dir: str) -> str:
         if _is_complete(Path(path)):
             return path
         logger.warning("skipping %s: incomplete (a run was probably killed while saving it)", path)
-    raise ValueError(f"no complete checkpoint in {output_dir} to resume from")
+    return None
 
 
 def _is_complete(path: Path) -> bool:

@@ -3,7 +3,9 @@
 Every recipe takes the same flags: ``--preset NAME`` (a file of the recipe's ``presets/`` or a
 ``.toml`` path), the shortcuts ``--optimizer``, ``--topology``, ``--accum-steps``,
 ``--local-world-size`` and ``--output-dir`` for the ``optim.*`` and ``train.output_dir`` settings,
-``--resume``, and ``section.key=value`` overrides before or after them (:mod:`recipes.common.config`).
+``--resume [auto|must]`` (a bare ``--resume`` is ``must``; see
+:meth:`recipes.common.run.RunDirectory.resume_from`), and ``section.key=value`` overrides before or
+after them (:mod:`recipes.common.config`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from recipes.common.config import Presets
 __all__ = ["exit_on_bad_input", "parse"]
 
 C = TypeVar("C")
+RESUME_CHOICES = ("auto", "must")
 
 
 def parse(
@@ -43,10 +46,24 @@ def parse(
     parser.add_argument("--local-world-size", type=int, help="ranks per node (optim.local_world_size)")
     parser.add_argument("--output-dir", help="run directory (train.output_dir)")
     parser.add_argument(
-        "--resume", action="store_true", help="continue from the run directory's last checkpoint"
+        "--resume",
+        nargs="?",
+        choices=RESUME_CHOICES,
+        const="must",
+        default="none",
+        help="continue from the run directory's newest complete checkpoint: 'must' (the default of a bare "
+        "--resume) refuses a directory without one, 'auto' then starts a new run (for restarts by "
+        "torchrun --max-restarts or accelerate launch --max_restarts)",
     )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. train.max_steps=200 data=DIR")
-    args = parser.parse_intermixed_args(argv)  # overrides may come before and after flags
+    # A bare --resume followed by an override (--resume data=DIR) must not take it for its value.
+    given = list(sys.argv[1:] if argv is None else argv)
+    following = [*given[1:], None]
+    given = [
+        "--resume=must" if arg == "--resume" and after not in RESUME_CHOICES else arg
+        for arg, after in zip(given, following, strict=True)
+    ]
+    args = parser.parse_intermixed_args(given)  # overrides may come before and after flags
     flags = {
         "optim.optimizer": args.optimizer,
         "optim.topology": args.topology,

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["ROOT", "accelerate_launch", "environment", "free_port", "run_logged"]
+__all__ = ["ROOT", "accelerate_launch", "environment", "free_port", "run_logged", "torchrun"]
 
 ROOT = Path(__file__).resolve().parents[2]
 """The directory that holds the ``recipes`` and ``eval`` packages (the repository root)."""
@@ -43,6 +43,15 @@ def accelerate_launch(module: str, processes: int, *, gpu: bool = False) -> list
     else:
         command += ["--num_processes", "1"]
     return [*command, "-m", module]
+
+
+def torchrun(module: str, processes: int, *, max_restarts: int = 0) -> list[str]:
+    """``torchrun -m MODULE`` on ``processes`` processes of this machine (its own rendezvous on a free
+    port), restarting all of them up to ``max_restarts`` times when one fails; append its arguments."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
+        "--max-restarts", str(max_restarts), "--monitor-interval", "0.1", "-m", module,
+    ]  # fmt: skip
 
 
 def environment(*, gpu: bool = False) -> dict[str, str]:

@@ -79,6 +79,7 @@ def build_optimizer(
     rate: float = 1.0,
     seed: int = 0,
     communicator: Communicator | None = None,
+    timeout: float | None = None,
 ) -> torch.optim.Optimizer:
     """The optimizer of the table above for ``model`` (on its device already).
 
@@ -87,7 +88,8 @@ def build_optimizer(
     the same correction as DecentralizedAdam (``noise_ranks = world_size``). Raises ConfigError for
     an unknown optimizer or algorithm, and for a decentralized run with ``sgd`` (DecentralizedAdam is
     AccumAdamW). ``communicator`` replaces DecentralizedAdam's torch.distributed collectives (the
-    time-to-quality benchmark times its step with exchanges that finish at once).
+    time-to-quality benchmark times its step with exchanges that finish at once). ``timeout``: the
+    seconds DecentralizedAdam waits for one exchange before raising (None: the process group's).
     """
     from decentadam import A2CiD2, AccumAdamW, DecentralizedAdam
 
@@ -114,7 +116,7 @@ def build_optimizer(
             groups, lr=lr, betas=betas_decentralized, eps=eps, weight_decay=weight_decay,
             accum_steps=accum_steps, second_moment=second_moment, topology=topology,  # type: ignore[arg-type]
             local_world_size=min(local_world_size, world_size) if local_world_size else None,
-            communicator=communicator,
+            communicator=communicator, timeout=timeout,
         )  # fmt: skip
     local: torch.optim.Optimizer
     if algorithm == "sgd":

@@ -35,7 +35,9 @@ directory (``recipes/common/run.py``) gets ``metrics.jsonl`` (one line per evalu
 events under ``tb/`` and checkpoints ``step-N/`` that ``from_pretrained`` loads with their image
 processor: for decentralized runs, the consensus model (parameters and BatchNorm statistics averaged
 over ranks). ``--resume`` continues from the run directory's last checkpoint exactly, on the same
-number of processes. The parts that differ from a plain Accelerate loop are marked ``# decentadam``.
+number of processes; ``--resume auto`` does that when there is a checkpoint and starts a new run when
+there is none, for a launcher's automatic restarts (docs/checkpoints.md). The parts that differ from
+a plain Accelerate loop are marked ``# decentadam``.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ import torch.nn.functional as F
 
 from recipes.common import cli
 from recipes.common.config import ConfigError, check_choice, check_positive
-from recipes.common.loop import TrainingClock, mixed_precision, out_of_time
+from recipes.common.loop import TrainingClock, join_process_group, mixed_precision, out_of_time
 from recipes.common.optim import ALGORITHMS, OPTIMIZERS, build_optimizer, is_decentralized
 from recipes.common.run import RunDirectory
 from recipes.imagenet import data
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.train
     decentralized = is_decentralized(o.optimizer)  # each rank its own model
     gpu = torch.cuda.is_available()
+    join_process_group()  # under torchrun --max-restarts: each attempt its own keys
     accelerator = Accelerator(
         cpu=not gpu, mixed_precision=mixed_precision(t.mixed_precision), log_with="tensorboard",
         project_dir=t.output_dir,
@@ -160,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         step, epoch, start_batch = int(extra["step"]), int(extra["epoch"]), int(extra["batch"])
         clock = TrainingClock(float(extra["train_seconds"]))
         accelerator.print(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {start_batch})")
+    run.keep_metrics_until(step)  # a restart redoes the steps after the checkpoint
     accelerator.init_trackers("tb")
     accelerator.print(
         f"{len(train_set)} training and {len(val_set)} validation images, "

@@ -123,6 +123,10 @@ class TrainConfig:
     """Token budget of a validation batch per rank."""
     mixed_precision: str = "auto"
     """``auto`` (bf16 on a GPU that has it, else fp32), ``no``, ``bf16`` or ``fp16``."""
+    timeout_s: float = 0.0
+    """Seconds a collective or a decentralized exchange waits for a rank that stalled or died before
+    the run fails (0 = torch's default, 30 minutes); a launcher's --max-restarts then restarts it,
+    and ``--resume auto`` continues from the last checkpoint."""
     output_dir: str = "runs/translation"
     """Run directory: config.toml, metrics.jsonl, TensorBoard events under tb/, step-N checkpoints."""
 

@@ -24,6 +24,10 @@ The configuration is a preset (``presets/NAME.toml`` or a path) with ``section.k
 overrides (see ``config.py``); the effective one is written to ``OUTPUT_DIR/config.toml``.
 ``--resume`` continues the run in ``train.output_dir`` from its last checkpoint exactly (same number
 of processes): weights, optimizer and scheduler states, RNG and the position in the data order.
+``--resume auto`` does that when there is a checkpoint and starts a new run when there is none, so a
+launcher can restart a failed run unattended (``torchrun --max-restarts=3``, ``accelerate launch
+--max_restarts 3``; docs/checkpoints.md); ``train.timeout_s`` bounds how long the other ranks wait
+for one that stalled.
 The run directory (``recipes/common/run.py``) gets ``metrics.jsonl`` (one line per evaluation),
 TensorBoard events under ``tb/`` and checkpoints ``step-N/`` that ``from_pretrained`` loads (the
 consensus model for decentralized runs) with their tokenizer. The parts that differ from a plain
@@ -41,6 +45,7 @@ if not __package__:  # run as a file, `recipes` would not be importable
 import contextlib
 import dataclasses
 import math
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +53,7 @@ import torch
 
 from recipes.common import cli
 from recipes.common.config import ConfigError, check_choice, check_positive
-from recipes.common.loop import TrainingClock, mixed_precision, out_of_time
+from recipes.common.loop import TrainingClock, join_process_group, mixed_precision, out_of_time
 from recipes.common.optim import build_optimizer
 from recipes.common.run import RunDirectory
 from recipes.translation import config, data
@@ -67,14 +72,14 @@ def check(cfg: config.Config) -> None:
         data.hub_config(cfg.data.path, cfg.data.src, cfg.data.tgt)  # an unknown pair fails here
     names = ("global_tokens", "grad_accum", "max_steps", "log_every", "eval_every", "save_every")
     check_positive(cfg.train, "train", names)
-    check_positive(cfg.train, "train", ("keep_last",), zero=True)
+    check_positive(cfg.train, "train", ("keep_last", "timeout_s"), zero=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     args, cfg = cli.parse("recipes.translation.train", __doc__ or "", config.PRESETS, OPTIMIZERS, argv)
     check(cfg)
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.utils import InitProcessGroupKwargs, set_seed
     from tqdm.auto import tqdm
 
     from decentadam.checkpoint import load_checkpoint, save_checkpoint
@@ -83,11 +88,14 @@ def main(argv: list[str] | None = None) -> None:
 
     d, o, t = cfg.data, cfg.optim, cfg.train
     decentralized = o.optimizer == "decentralized"
+    timeout = [InitProcessGroupKwargs(timeout=timedelta(seconds=t.timeout_s))] if t.timeout_s else []
+    join_process_group(t.timeout_s)  # under torchrun --max-restarts: each attempt its own keys
     accelerator = Accelerator(
         cpu=not torch.cuda.is_available(),
         mixed_precision=mixed_precision(t.mixed_precision),
         log_with="tensorboard",
         project_dir=t.output_dir,
+        kwargs_handlers=timeout,
     )
     world, rank = accelerator.num_processes, accelerator.process_index
     run = RunDirectory(Path(t.output_dir), accelerator)
@@ -127,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         model, o.optimizer, lr=o.lr, weight_decay=o.weight_decay, betas_allreduce=o.betas_allreduce,
         betas_decentralized=o.betas_decentralized, eps=o.eps, accum_steps=o.accum_steps,
         second_moment=o.second_moment, topology=o.topology, local_world_size=o.local_world_size,
-        world_size=world,
+        world_size=world, timeout=t.timeout_s or None,
     )  # fmt: skip
     warmup = max(o.warmup_steps, 1)
     # Not prepared: Accelerate's scheduler wrapper would step it once per process and step.
@@ -146,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         step, epoch, start_batch = int(extra["step"]), int(extra["epoch"]), int(extra["batch"])
         clock = TrainingClock(float(extra["train_seconds"]))
         accelerator.print(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {start_batch})")
+    run.keep_metrics_until(step)  # a restart redoes the steps after the checkpoint
     accelerator.init_trackers("tb")
 
     def evaluate() -> float:
@@ -165,8 +174,9 @@ def main(argv: list[str] | None = None) -> None:
     def save() -> None:
         extra = {"step": step, "epoch": epoch, "batch": start_batch, "train_seconds": clock.seconds}
         save_checkpoint(  # decentadam: the consensus model, every rank's state, the tokenizer; atomic
-            run.checkpoint(step), model, optimizer, scheduler=scheduler, extra=extra, processor=tokenizer
-        )
+            run.checkpoint(step), model, optimizer, scheduler=scheduler, extra=extra,
+            processor=run.saving(tokenizer),
+        )  # fmt: skip
         run.prune(t.keep_last)
 
     # 3. Training: one optimizer step per grad_accum micro-batches; log, evaluate and save on the way
