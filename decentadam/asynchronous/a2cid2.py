@@ -66,25 +66,26 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not in torch's __all__
 from torch.distributed.distributed_c10d import PrefixStore, Store
 from torch.optim import Optimizer
 
 from decentadam import buckets as bucketing
 from decentadam import distributed, shutdown
+from decentadam.asynchronous.continuized import (
+    ContinuizedConstants,
+    continuized_average_,
+    continuized_constants,
+    continuized_mix_,
+)
 from decentadam.asynchronous.graph import Graph, as_graph
 from decentadam.asynchronous.pairing import (
     HEARTBEAT_SECONDS,
@@ -93,6 +94,7 @@ from decentadam.asynchronous.pairing import (
     PairingWorker,
     PeerFailure,
     Schedule,
+    gossip_store,
 )
 from decentadam.buckets import AveragedParameters
 from decentadam.collectives import (
@@ -117,83 +119,6 @@ logger = logging.getLogger(__name__)
 
 _ONE_BUCKET = 2**62  # bucket size: one flat buffer per (param group, device, dtype)
 _FRACTION_CAP = 0.999  # the clock's estimate of the current step's elapsed part stays below 1
-
-
-@dataclass(frozen=True)
-class ContinuizedConstants:
-    """The A2CiD2 constants of a graph at a communication rate (see the module docstring)."""
-
-    rate: float
-    chi1: float
-    chi2: float
-    eta: float
-    alpha_tilde: float
-
-
-def gossip_store(group: dist.ProcessGroup, host_rank: int, timeout: float) -> TCPStore:
-    """A ``torch.distributed.TCPStore`` for the pairing of ``group``, hosted by global rank ``host_rank``.
-
-    A collective over ``group``: the host listens on a free port and broadcasts its address, the
-    others connect. The address is ``MASTER_ADDR`` when the host is global rank 0 (the address every
-    rank already reaches), the host's name otherwise; pass ``store=`` to :class:`A2CiD2` where
-    neither is reachable.
-    """
-    wait = timedelta(seconds=timeout)
-    store = None
-    address: list[Any] = [None, 0]
-    if dist.get_rank() == host_rank:
-        host = os.environ.get("MASTER_ADDR", "127.0.0.1") if host_rank == 0 else socket.getfqdn()
-        store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=wait)
-        address = [host, store.port]
-    dist.broadcast_object_list(address, src=host_rank, group=group)
-    if store is None:
-        store = TCPStore(address[0], address[1], is_master=False, timeout=wait)
-    return store
-
-
-def continuized_constants(graph: Graph, rate: float) -> ContinuizedConstants:
-    """chi1, chi2, eta and alpha~ of ``graph`` when each rank averages ``rate`` times per unit of time.
-
-    A single rank has nothing to average: every constant is 0. Raises ValueError for a
-    disconnected graph (some ranks would never meet) or a rate that is not positive.
-    """
-    if not rate > 0:
-        raise ValueError(f"rate must be > 0 averagings per gradient step, got {rate}")
-    if graph.world_size == 1:
-        return ContinuizedConstants(rate, 0.0, 0.0, 0.0, 0.0)
-    if not graph.is_connected():
-        raise ValueError(f"graph {graph.name!r} is not connected: some ranks would never average together")
-    laplacian = graph.laplacian(rate)
-    eigenvalues = torch.linalg.eigvalsh(laplacian)
-    positive = eigenvalues[eigenvalues > 1e-9 * float(eigenvalues.max())]
-    chi1 = 1.0 / float(positive.min())
-    pinv = torch.linalg.pinv(laplacian, hermitian=True)
-    chi2 = max(0.5 * float(pinv[i, i] + pinv[j, j] - 2 * pinv[i, j]) for i, j in graph.edges)
-    eta = 1.0 / (2.0 * math.sqrt(chi1 * chi2))
-    alpha_tilde = 0.5 * math.sqrt(chi1 / chi2)
-    return ContinuizedConstants(rate, chi1, chi2, eta, alpha_tilde)
-
-
-def continuized_mix_(params: list[Tensor], offsets: list[Tensor], eta: float, dt: float) -> None:
-    """Mix ``x`` (``params``) and ``x~ = x + y`` (``offsets`` hold ``y``) for ``dt``, in place.
-
-    ``a = exp(-2 eta dt)``: ``x += (1 - a) / 2 * y``, ``y *= a``; that is ``x + x~`` unchanged and
-    ``x - x~`` times ``a``, the closed form of the ODE.
-    """
-    if not offsets or eta == 0.0 or dt <= 0.0:
-        return
-    a = math.exp(-2.0 * eta * dt)
-    torch._foreach_add_(params, offsets, alpha=(1.0 - a) / 2.0)
-    torch._foreach_mul_(offsets, a)
-
-
-def continuized_average_(
-    params: list[Tensor], offsets: list[Tensor], deltas: list[Tensor], alpha_tilde: float
-) -> None:
-    """Averaging with ``deltas = d = x_j - x_i``: ``x += d / 2``, ``x~ += alpha~ d`` (``y`` += the rest)."""
-    torch._foreach_add_(params, deltas, alpha=0.5)
-    if offsets:
-        torch._foreach_add_(offsets, deltas, alpha=alpha_tilde - 0.5)
 
 
 def _cpu_buffer(buffer: Tensor) -> Tensor:

@@ -59,13 +59,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from datetime import timedelta
+from typing import Any, Literal, Protocol
 
+import torch.distributed as dist
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not in torch's __all__
 from torch.distributed.distributed_c10d import Store
 
 from decentadam.asynchronous.graph import Graph
@@ -78,6 +83,7 @@ __all__ = [
     "PairingWorker",
     "PeerFailure",
     "Schedule",
+    "gossip_store",
 ]
 
 logger = logging.getLogger(__name__)
@@ -86,6 +92,27 @@ HEARTBEAT_SECONDS = 0.5
 """How often a worker proves it is alive (and checks whether another rank was declared dead)."""
 
 _POLL_MIN, _POLL_MAX = 2e-4, 5e-3  # seconds: back-off of the store polls
+
+
+def gossip_store(group: dist.ProcessGroup, host_rank: int, timeout: float) -> TCPStore:
+    """A ``torch.distributed.TCPStore`` for the pairing of ``group``, hosted by global rank ``host_rank``.
+
+    A collective over ``group``: the host listens on a free port and broadcasts its address, the
+    others connect. The address is ``MASTER_ADDR`` when the host is global rank 0 (the address every
+    rank already reaches), the host's name otherwise; pass ``store=`` to
+    :class:`~decentadam.asynchronous.a2cid2.A2CiD2` where neither is reachable.
+    """
+    wait = timedelta(seconds=timeout)
+    store = None
+    address: list[Any] = [None, 0]
+    if dist.get_rank() == host_rank:
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1") if host_rank == 0 else socket.getfqdn()
+        store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=wait)
+        address = [host, store.port]
+    dist.broadcast_object_list(address, src=host_rank, group=group)
+    if store is None:
+        store = TCPStore(address[0], address[1], is_master=False, timeout=wait)
+    return store
 
 
 class PeerFailure(RuntimeError):
