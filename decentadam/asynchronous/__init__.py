@@ -1,8 +1,9 @@
 """Asynchronous decentralized training: A2CiD2, the pairing of its averagings, and their graphs.
 
-:mod:`~decentadam.asynchronous.a2cid2` (the optimizer), :mod:`~decentadam.asynchronous.pairing`
-(who averages with whom, and when) and :mod:`~decentadam.asynchronous.graph` (which pairs may
-average). Nothing here imports the synchronous optimizer (:mod:`decentadam.decentralized`).
+:mod:`~decentadam.asynchronous.a2cid2` (the optimizer), :mod:`~decentadam.asynchronous.continuized`
+(its momentum's constants and updates), :mod:`~decentadam.asynchronous.pairing` (who averages with
+whom, and when) and :mod:`~decentadam.asynchronous.graph` (which pairs may average).
+Nothing here imports the synchronous optimizer (:mod:`decentadam.decentralized`).
 """
 
 from decentadam.asynchronous.a2cid2 import A2CiD2, continuized_constants
