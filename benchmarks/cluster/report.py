@@ -186,7 +186,7 @@ def write_report(
         "once, and each direction also carries the other stream's ACKs), B_intra from gloo's "
         "intra-node all-reduce (the Python probe is CPU-bound and only "
         "shows the path), latency 0, and the calibrated step times as U "
-        "(`decentadam/runtime_model.py` documents the formulas).",
+        "(`decentadam/runtime_model/model.py` documents the formulas).",
         "",
         *_alone_section(alone or {}),
         "## Results",

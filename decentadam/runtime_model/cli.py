@@ -1,0 +1,212 @@
+"""The command line of the runtime model: ``python -m decentadam.runtime_model --help``.
+
+Reads a cluster and a workload from flags, prints the predicted iteration time of All-Reduce and of
+every topology (:func:`decentadam.runtime_model.model.predict_all`) and which to use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable, Sequence
+from types import MappingProxyType
+
+from decentadam.runtime_model.model import ALLREDUCE, METHODS, Cluster, Prediction, Workload, predict_all
+
+__all__ = ["build_parser", "main", "parse_size", "recommend"]
+
+_SUFFIXES = MappingProxyType({"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12})
+
+
+def parse_size(text: str, option: str = "value") -> float:
+    """``"350M"`` -> 3.5e8 (suffixes K, M, G, T are powers of 1000, case-insensitive)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmMgGtT]?)\s*", text)
+    if match is None:
+        raise ValueError(f"{option} {text}: expected a number with optional K/M/G suffix")
+    return float(match.group(1)) * _SUFFIXES[match.group(2).upper()]
+
+
+def _size_arg(option: str) -> Callable[[str], float]:
+    def convert(text: str) -> float:
+        try:
+            return parse_size(text, option)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return convert
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m decentadam.runtime_model",
+        description="Predict per-iteration time of All-Reduce vs DecentralizedAdam topologies.",
+    )
+    parser.add_argument(
+        "--params", type=_size_arg("--params"), required=True, help="parameter count, e.g. 350M"
+    )
+    parser.add_argument(
+        "--bytes-per-param", type=_positive, default=4.0, help="4 for fp32 (default), 2 for bf16"
+    )
+    parser.add_argument(
+        "--compute-ms", type=_non_negative, required=True, help="forward+backward time per rank"
+    )
+    parser.add_argument(
+        "--forward-fraction", type=float, default=1.0 / 3.0, help="share of compute in forward"
+    )
+    parser.add_argument("--nodes", type=_count, required=True)
+    parser.add_argument("--gpus-per-node", type=_count, default=1, help="ranks per node (default 1)")
+    parser.add_argument("--inter-gbps", type=_positive, required=True, help="node link, Gbit/s per direction")
+    parser.add_argument(
+        "--intra-gbps", type=_positive, default=800.0, help="rank-to-rank inside a node (NVLink ~800)"
+    )
+    parser.add_argument("--inter-latency-us", type=_non_negative, default=20.0)
+    parser.add_argument("--intra-latency-us", type=_non_negative, default=5.0)
+    parser.add_argument(
+        "--update-ms", type=_non_negative, default=0.0, help="DecentralizedAdam step time (measure it)"
+    )
+    parser.add_argument(
+        "--allreduce-update-ms",
+        type=_non_negative,
+        default=None,
+        help="AdamW step time (default: --update-ms)",
+    )
+    parser.add_argument(
+        "--bucket-mb", type=_positive, default=25.0, help="bucket size (DDP and DecentralizedAdam)"
+    )
+    parser.add_argument(
+        "--overlap", choices=("step", "backward"), default="step", help="DecentralizedAdam(overlap=...)"
+    )
+    parser.add_argument(
+        "--update-blocks-comm",
+        action="store_true",
+        help="the optimizer step and communication share saturated CPU cores (gloo on CPU)",
+    )
+    parser.add_argument(
+        "--hierarchical",
+        action="store_true",
+        help="multi-node groups summed in three phases (DecentralizedAdam on gloo; NCCL: flat rings)",
+    )
+    parser.add_argument(
+        "--straggler",
+        type=_positive,
+        default=1.0,
+        help="one rank's compute is this many times slower (default 1)",
+    )
+    return parser
+
+
+def _format_table(predictions: list[Prediction]) -> str:
+    base = next((p for p in predictions if p.method == ALLREDUCE), None)
+    header = (
+        "| method | iteration ms | lower bound ms | comm ms | inter-node MB/rank/iter "
+        "| speed-up vs all-reduce |"
+    )
+    lines = [header, "|---|---:|---:|---:|---:|---:|"]
+    for p in predictions:
+        speedup = f"{base.iteration_s / p.iteration_s:.2f}x" if base is not None else "-"
+        lines.append(
+            f"| {p.method} | {p.iteration_s * 1e3:.1f} | {p.lower_bound_s * 1e3:.1f} | {p.comm_s * 1e3:.1f} "
+            f"| {p.inter_bytes_per_rank / 1e6:.1f} | {speedup} |"
+        )
+    return "\n".join(lines)
+
+
+def recommend(predictions: list[Prediction], threshold: float = 1.10) -> str:
+    """One sentence: the fastest method, and whether decentralizing is worth it (>= ``threshold``x)."""
+    base = next(p for p in predictions if p.method == ALLREDUCE)
+    gossip = [p for p in predictions if p.method != ALLREDUCE]
+    if not gossip:
+        return "Use All-Reduce: no gossip topology can be built for this cluster."
+    best = min(gossip, key=lambda p: p.iteration_s)
+    speedup = base.iteration_s / best.iteration_s
+    if speedup >= threshold:
+        return (
+            f"Use DecentralizedAdam(topology={best.method!r}): predicted {speedup:.2f}x faster per iteration."
+        )
+    return (
+        f"Use All-Reduce: the best topology ({best.method}) is predicted only {speedup:.2f}x faster per "
+        "iteration, not worth the consensus error of decentralized training."
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cluster, work = _inputs(args)
+    except ValueError as error:
+        parser.error(str(error))
+    predictions = predict_all(cluster, work)
+    print(
+        f"{args.params:.3g} parameters ({work.param_bytes / 1e6:.0f} MB), compute {args.compute_ms:g} ms, "
+        f"{args.nodes} nodes x {args.gpus_per_node} ranks, inter-node {args.inter_gbps:g} Gbit/s, "
+        f"intra-node {args.intra_gbps:g} Gbit/s"
+        + (f", one rank {args.straggler:g}x slower" if args.straggler != 1.0 else "")
+    )
+    print(_format_table(predictions))
+    skipped = [m for m in METHODS if m not in {p.method for p in predictions}]
+    if skipped:
+        print(
+            f"not buildable on {cluster.world_size} ranks in nodes of {args.gpus_per_node}: "
+            + ", ".join(skipped)
+        )
+    print(recommend(predictions))
+    return 0
+
+
+def _inputs(args: argparse.Namespace) -> tuple[Cluster, Workload]:
+    cluster = Cluster(
+        nodes=args.nodes,
+        ranks_per_node=args.gpus_per_node,
+        inter_bytes_per_s=args.inter_gbps * 1e9 / 8,
+        intra_bytes_per_s=args.intra_gbps * 1e9 / 8,
+        inter_latency_s=args.inter_latency_us * 1e-6,
+        intra_latency_s=args.intra_latency_us * 1e-6,
+    )
+    n = cluster.world_size
+    scale = (args.straggler,) + (1.0,) * (n - 1) if args.straggler != 1.0 else ()
+    update = args.update_ms * 1e-3
+    work = Workload(
+        param_bytes=args.params * args.bytes_per_param,
+        compute_s=args.compute_ms * 1e-3,
+        forward_fraction=args.forward_fraction,
+        update_s=update,
+        allreduce_update_s=update if args.allreduce_update_ms is None else args.allreduce_update_ms * 1e-3,
+        bucket_bytes=args.bucket_mb * 2**20,
+        overlap=args.overlap,
+        update_overlaps_comm=not args.update_blocks_comm,
+        compute_scale=scale,
+        hierarchical=args.hierarchical,
+    )
+    return cluster, work
