@@ -267,6 +267,7 @@ class A2CiD2(Optimizer):
         self._global: list[int] = []  # global rank of each rank of the process group
         self._matchmaker: Matchmaker | None = None
         self._worker: PairingWorker | None = None
+        self._pairing_seconds = 0.0  # the worker's, kept when close() lets the worker go
         if gossip:
             params = [group["params"] for group in self.param_groups]
             distributed.check_same_parameters(params, process_group)
@@ -503,7 +504,11 @@ class A2CiD2(Optimizer):
         if self._matchmaker is not None:
             self._matchmaker.join()
         bucketing.average(self._buckets, self.communicator, restore=False)  # nothing is in flight now
-        self._store = None  # every rank is past the pairing: rank 0 may stop serving the store
+        # Every rank is past the pairing: drop each reference to the store (the worker's client and
+        # the matchmaker hold it too), so that rank 0 stops serving it and its sockets close now,
+        # not when the closed optimizer is garbage-collected.
+        self._pairing_seconds = self._worker.pairing_seconds
+        self._store, self._worker, self._matchmaker = None, None, None
         group, self._group = self._group, None
         if group is not None and dist.is_initialized():
             try:
@@ -532,7 +537,7 @@ class A2CiD2(Optimizer):
     @property
     def pairing_seconds(self) -> float:
         """Time this rank's pairing thread spent ready, waiting for a partner."""
-        return self._worker.pairing_seconds if self._worker is not None else 0.0
+        return self._worker.pairing_seconds if self._worker is not None else self._pairing_seconds
 
     @property
     def device(self) -> torch.device:
