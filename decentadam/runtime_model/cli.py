@@ -37,34 +37,28 @@ def _size_arg(option: str) -> Callable[[str], float]:
     return convert
 
 
-def _positive(text: str) -> float:
+def _number(text: str, kind: type[float] | type[int], least: float, strict: bool) -> float:
+    """``text`` as ``kind`` (finite, > ``least`` if ``strict`` else >= it), or an argparse error."""
+    noun = "a whole number" if kind is int else "a number"
     try:
-        value = float(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+        raise argparse.ArgumentTypeError(f"expected {noun}, got {text!r}") from None
+    if not (value > least if strict else value >= least) or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected {noun} {'>' if strict else '>='} {least:g}, got {text}")
     return value
+
+
+def _positive(text: str) -> float:
+    return _number(text, float, 0, strict=True)
 
 
 def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
-    return value
+    return _number(text, float, 0, strict=False)
 
 
 def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text}")
-    return value
+    return int(_number(text, int, 1, strict=False))
 
 
 def build_parser() -> argparse.ArgumentParser:
