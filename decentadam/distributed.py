@@ -14,6 +14,7 @@ __all__ = [
     "check_launch_environment",
     "check_same_parameters",
     "env_local_world_size",
+    "init_restartable_process_group",
     "is_initialized",
 ]
 
@@ -90,3 +91,37 @@ def check_same_parameters(param_groups: Sequence[Sequence[Tensor]], group: dist.
             f"{trainable} trainable). Build the same model on every rank, freeze the same parameters, "
             "and pass the same param groups in the same order, before creating the optimizer."
         )
+
+
+def init_restartable_process_group(timeout_s: float = 0.0) -> None:
+    """Under a launcher's restarts, start the default process group with this attempt's own keys.
+
+    torchrun's agent (also behind ``accelerate launch --max_restarts``) keeps one store for every
+    attempt, and the keys of a failed attempt stay in it: the next attempt's gloo process groups
+    (DecentralizedAdam's exchange groups) read the dead processes' addresses from them and wait on
+    those forever (torch 2.13; the store sharing is pytorch/pytorch#135712). Call it first, before
+    ``Accelerator()`` or ``TrainingArguments()``, or instead of ``dist.init_process_group``: every
+    key of the attempt goes under ``attempt-N/`` (``TORCHELASTIC_RESTART_COUNT``), and Accelerate
+    and the Trainer use this group. ``timeout_s`` (0: 30 minutes) bounds every collective. Does
+    nothing outside torchrun's agent, in one process, or when a group exists already.
+    """
+    import datetime
+
+    from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if attempt is None or world_size < 2 or dist.is_initialized():
+        return
+    timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else datetime.timedelta(minutes=30)
+    rank = int(os.environ["RANK"])
+    hosted = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0  # no agent store
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = TCPStore(address, port, is_master=hosted, timeout=timeout)
+    dist.init_process_group(
+        "nccl" if torch.cuda.is_available() else "gloo",
+        store=PrefixStore(f"attempt-{attempt}/", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+    )

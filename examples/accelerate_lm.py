@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader
 from decentadam import DecentralizedAdam, checkpoint_files
 from decentadam.checkpoint import load_checkpoint, save_checkpoint
 from decentadam.consensus import averaged
+from decentadam.distributed import init_restartable_process_group
 from decentadam.integrations.accelerate import log_metrics_every, prepare
 
 
@@ -104,6 +105,7 @@ def main() -> None:
     args = parse_args()
     resume = resume_from(args)
     set_seed(args.seed)
+    init_restartable_process_group()  # under torchrun --max-restarts: each attempt its own keys
     accelerator = Accelerator(  # a seedable sampler: the data order is a function of (seed, epoch)
         gradient_accumulation_steps=args.grad_accum,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),

@@ -26,6 +26,7 @@ import torch
 from char_data import CharDataset, load_text, split, tiny_gpt2, vocabulary_of
 from transformers import TrainingArguments
 
+from decentadam.distributed import init_restartable_process_group
 from decentadam.integrations.trainer import (
     DecentralizedArguments,
     DecentralizedTrainer,
@@ -86,6 +87,7 @@ def main() -> None:
     resume = resume_from(args.output_dir, args.resume)  # before any work: a wrong directory fails now
     train_text, val_text = split(load_text(args.text))
     vocabulary = vocabulary_of(train_text)
+    init_restartable_process_group()  # under torchrun --max-restarts: each attempt its own keys
     training = TrainingArguments(
         output_dir=args.output_dir,
         use_cpu=not torch.cuda.is_available(),

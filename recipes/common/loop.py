@@ -19,7 +19,7 @@ from recipes.common.config import check_choice
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-__all__ = ["PRECISIONS", "TrainingClock", "join_process_group", "mixed_precision", "out_of_time"]
+__all__ = ["PRECISIONS", "TrainingClock", "mixed_precision", "out_of_time"]
 
 PRECISIONS = ("auto", "no", "bf16", "fp16")
 
@@ -62,38 +62,3 @@ def out_of_time(accelerator: Accelerator, seconds: float, max_minutes: float) ->
         return False
     flag = torch.tensor([float(seconds >= 60 * max_minutes)], device=accelerator.device)
     return bool(accelerator.gather(flag).max() > 0)
-
-
-def join_process_group(timeout_s: float = 0.0) -> None:
-    """Under a launcher's restarts, start the default process group with this attempt's own keys.
-
-    torchrun's agent (also behind ``accelerate launch --max_restarts``) keeps one store for every
-    attempt, and the keys of a failed attempt stay in it: the next attempt's gloo process groups
-    read the dead processes' addresses from them and wait on those forever (torch 2.13; the store
-    sharing is pytorch/pytorch#135712). Called before
-    ``Accelerator()``, this puts every key of the attempt under ``attempt-N/``
-    (``TORCHELASTIC_RESTART_COUNT``); Accelerate then uses this group. ``timeout_s`` (0: torch's
-    default) bounds every collective. Does nothing outside torchrun's agent or in one process.
-    """
-    import datetime
-    import os
-
-    import torch.distributed as dist
-    from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
-
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if attempt is None or world_size < 2 or dist.is_initialized():
-        return
-    timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else datetime.timedelta(minutes=30)
-    rank = int(os.environ["RANK"])
-    hosted = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0  # no agent store
-    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    store = TCPStore(address, port, is_master=hosted, timeout=timeout)
-    dist.init_process_group(
-        "nccl" if torch.cuda.is_available() else "gloo",
-        store=PrefixStore(f"attempt-{attempt}/", store),
-        rank=rank,
-        world_size=world_size,
-        timeout=timeout,
-    )

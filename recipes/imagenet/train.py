@@ -58,7 +58,7 @@ import torch.nn.functional as F
 
 from recipes.common import cli
 from recipes.common.config import ConfigError, check_choice, check_positive
-from recipes.common.loop import TrainingClock, join_process_group, mixed_precision, out_of_time
+from recipes.common.loop import TrainingClock, mixed_precision, out_of_time
 from recipes.common.optim import ALGORITHMS, OPTIMIZERS, build_optimizer, is_decentralized
 from recipes.common.run import RunDirectory
 from recipes.imagenet import data
@@ -93,12 +93,13 @@ def main(argv: list[str] | None = None) -> None:
 
     from decentadam.checkpoint import load_checkpoint, save_checkpoint
     from decentadam.consensus import averaged, metrics
+    from decentadam.distributed import init_restartable_process_group
     from decentadam.integrations.accelerate import prepare
 
     d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.train
     decentralized = is_decentralized(o.optimizer)  # each rank its own model
     gpu = torch.cuda.is_available()
-    join_process_group()  # under torchrun --max-restarts: each attempt its own keys
+    init_restartable_process_group()  # under torchrun --max-restarts: each attempt its own keys
     accelerator = Accelerator(
         cpu=not gpu, mixed_precision=mixed_precision(t.mixed_precision), log_with="tensorboard",
         project_dir=t.output_dir,

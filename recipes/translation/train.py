@@ -53,7 +53,7 @@ import torch
 
 from recipes.common import cli
 from recipes.common.config import ConfigError, check_choice, check_positive
-from recipes.common.loop import TrainingClock, join_process_group, mixed_precision, out_of_time
+from recipes.common.loop import TrainingClock, mixed_precision, out_of_time
 from recipes.common.optim import build_optimizer
 from recipes.common.run import RunDirectory
 from recipes.translation import config, data
@@ -84,12 +84,13 @@ def main(argv: list[str] | None = None) -> None:
 
     from decentadam.checkpoint import load_checkpoint, save_checkpoint
     from decentadam.consensus import averaged, metrics
+    from decentadam.distributed import init_restartable_process_group
     from decentadam.integrations.accelerate import prepare
 
     d, o, t = cfg.data, cfg.optim, cfg.train
     decentralized = o.optimizer == "decentralized"
     timeout = [InitProcessGroupKwargs(timeout=timedelta(seconds=t.timeout_s))] if t.timeout_s else []
-    join_process_group(t.timeout_s)  # under torchrun --max-restarts: each attempt its own keys
+    init_restartable_process_group(t.timeout_s)  # under torchrun --max-restarts: each attempt its own keys
     accelerator = Accelerator(
         cpu=not torch.cuda.is_available(),
         mixed_precision=mixed_precision(t.mixed_precision),
