@@ -1,0 +1,110 @@
+"""The parity probes of benchmarks.parity (mean_weights, shared_v, predicted_point, gossip_v).
+
+Each probe changes one thing about ``DecentralizedAdam(second_moment="all_ranks")``; these tests
+pin what the measurements in docs/parity.md rely on: on one rank every probe's update is AdamW's,
+what a probe sends is the library's step, and the mean-weights hook makes the ranks take their
+gradients at one point.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from benchmarks.parity.gossip_v import gossip_v_update
+from benchmarks.parity.mean_weights import install
+from benchmarks.parity.predicted_point import predicted_update
+from benchmarks.parity.shared_v import shared_v_update
+from decentadam import AccumAdamW, DecentralizedAdam
+from tests.distributed_harness import run_distributed
+
+BETAS, EPS, LR, WD = (0.9, 0.98), 1e-9, 1e-2, 0.01
+UPDATES = {"shared_v": shared_v_update, "predicted_point": predicted_update, "gossip_v": gossip_v_update}
+
+
+def run(update: Any, noise_ranks: int, steps: int = 15) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    """Parameters after each step from these gradients: (the probe's, AccumAdamW's), and the probe's state."""
+    generator = torch.Generator().manual_seed(0)
+    gradients = [torch.randn(40, generator=generator, dtype=torch.float64) + 0.2 for _ in range(steps)]
+    probe = torch.zeros(40, dtype=torch.float64)
+    reference = torch.zeros(40, dtype=torch.float64)
+    optimizer = AccumAdamW([reference], lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, noise_ranks=noise_ranks)
+    group = {"lr": LR, "betas": BETAS, "eps": EPS, "weight_decay": WD, "noise_ranks": noise_ranks}
+    state: dict[torch.Tensor, dict[str, Any]] = defaultdict(dict)
+    differences = []
+    for g in gradients:
+        probe.grad, reference.grad = g.clone(), g.clone()
+        update(state, group, [probe])
+        optimizer.step()
+        differences.append(probe - reference)
+        if "pull" in state[probe]:
+            assert torch.all(state[probe]["pull"].abs() <= (1 - 1 / noise_ranks) * LR * 1e3)
+    return differences, state[probe]
+
+
+@pytest.mark.parametrize("name", sorted(UPDATES))
+def test_on_one_rank_every_probe_is_adamw(name: str) -> None:
+    differences, state = run(UPDATES[name], noise_ranks=1)
+    assert max(float(d.abs().max()) for d in differences) < 1e-14
+    if "pull" in state:
+        assert torch.count_nonzero(state["pull"]) == 0  # n = 1: the point is the sent weights
+
+
+@pytest.mark.parametrize("name", ["shared_v", "predicted_point"])
+def test_what_a_probe_sends_is_the_all_ranks_step(name: str) -> None:
+    """Alone (no process group) the shared second moment is the rank's own corrected one, and the
+    predicted point moves only the weights computed with, not the step sent."""
+    differences, state = run(UPDATES[name], noise_ranks=4)
+    assert max(float(d.abs().max()) for d in differences) < 1e-14
+    if name == "predicted_point":
+        assert float(state["pull"].abs().max()) > 0  # the point does move
+
+
+def test_the_gossiped_second_moment_differs_from_all_ranks_only_by_its_bias_correction() -> None:
+    differences, _ = run(gossip_v_update, noise_ranks=4, steps=40)
+    assert 0 < float(differences[-1].abs().max()) < 0.05 * LR * 40
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)).double()
+
+
+def loss_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return nn.functional.mse_loss(model(x), x[:, :2].sin())
+
+
+def mean_weights_worker(rank: int, world_size: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for hooked in (False, True):
+        model = make_model()
+        optimizer = DecentralizedAdam(model.parameters(), lr=LR, betas=BETAS, eps=EPS, topology="complete")
+        handle = install() if hooked else None
+        weights = []
+        for step in range(6):
+            generator = torch.Generator().manual_seed(100 * rank + step)
+            x = torch.randn(8, 4, generator=generator, dtype=torch.float64)
+            optimizer.zero_grad()
+            loss_of(model, x).backward()
+            optimizer.step()
+            weights.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        if handle is not None:
+            handle.remove()
+        optimizer.close()
+        out["hooked" if hooked else "plain"] = weights
+    return out
+
+
+def test_mean_weights_puts_every_rank_at_the_mean_of_what_was_sent() -> None:
+    results = run_distributed(mean_weights_worker, 2)
+    for step in range(6):
+        hooked = [r["hooked"][step] for r in results]
+        torch.testing.assert_close(hooked[0], hooked[1], rtol=0, atol=0)  # one point for every rank
+        plain = [r["plain"][step] for r in results]
+        assert not torch.equal(plain[0], plain[1])  # without the hook each rank holds its own step
+    # step 0 starts from one point either way: the hooked weights are the mean of the plain ones
+    torch.testing.assert_close(results[0]["hooked"][0], (results[0]["plain"][0] + results[1]["plain"][0]) / 2)
