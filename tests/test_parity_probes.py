@@ -108,3 +108,39 @@ def test_mean_weights_puts_every_rank_at_the_mean_of_what_was_sent() -> None:
         assert not torch.equal(plain[0], plain[1])  # without the hook each rank holds its own step
     # step 0 starts from one point either way: the hooked weights are the mean of the plain ones
     torch.testing.assert_close(results[0]["hooked"][0], (results[0]["plain"][0] + results[1]["plain"][0]) / 2)
+
+
+def group_gradient_worker(rank: int, world_size: int) -> dict[str, Any]:
+    import os
+
+    from benchmarks.parity.group_gradient_v import GroupGradientAdam
+
+    os.environ["DECENTADAM_V_EVERY"] = "1"
+    model = make_model()
+    optimizer = GroupGradientAdam(model.parameters(), lr=LR, betas=BETAS, eps=EPS, topology="complete")
+    gradients = []
+    for step in range(5):
+        generator = torch.Generator().manual_seed(100 * rank + step)
+        x = torch.randn(8, 4, generator=generator, dtype=torch.float64)
+        optimizer.zero_grad()
+        loss_of(model, x).backward()
+        gradients.append(torch.cat([p.grad.reshape(-1) for p in reversed(list(model.parameters()))]))
+        optimizer.step()
+    first = next(iter(reversed(list(model.parameters()))))  # the first parameter of the one bucket
+    state = optimizer.state[first]
+    optimizer.close()
+    return {"gradients": gradients, "group_sq": state["group_sq"].reshape(-1), "updates": state["group_updates"]}
+
+
+def test_group_gradient_v_on_all_ranks_is_allreduces_second_moment() -> None:
+    """On a group of all n ranks the estimate is the EMA of the mean gradient's square: All-Reduce's
+    V (each step's mean arriving one step later, rounded to bfloat16)."""
+    results = run_distributed(group_gradient_worker, 2)
+    beta2 = BETAS[1]
+    expected = torch.zeros_like(results[0]["group_sq"])
+    for step in range(4):  # the fifth step's gradients are still in flight
+        mean = sum(r["gradients"][step].to(torch.bfloat16).double() for r in results) / 2
+        expected = beta2 * expected + (1 - beta2) * mean[: expected.numel()].square()
+    for result in results:
+        assert result["updates"] == 4
+        torch.testing.assert_close(result["group_sq"].double(), expected, rtol=1e-5, atol=1e-12)
