@@ -129,7 +129,11 @@ def group_gradient_worker(rank: int, world_size: int) -> dict[str, Any]:
     first = next(iter(reversed(list(model.parameters()))))  # the first parameter of the one bucket
     state = optimizer.state[first]
     optimizer.close()
-    return {"gradients": gradients, "group_sq": state["group_sq"].reshape(-1), "updates": state["group_updates"]}
+    return {
+        "gradients": gradients,
+        "group_sq": state["group_sq"].reshape(-1),
+        "updates": state["group_updates"],
+    }
 
 
 def test_group_gradient_v_on_all_ranks_is_allreduces_second_moment() -> None:
@@ -144,3 +148,38 @@ def test_group_gradient_v_on_all_ranks_is_allreduces_second_moment() -> None:
     for result in results:
         assert result["updates"] == 4
         torch.testing.assert_close(result["group_sq"].double(), expected, rtol=1e-5, atol=1e-12)
+
+
+def lazy_worker(rank: int, world_size: int) -> dict[str, Any]:
+    import os
+
+    from benchmarks.parity.lazy_mixing import LazyMixingAdam
+
+    out = {}
+    for alpha in ("1.0", "0.5"):
+        os.environ["DECENTADAM_MIX_WEIGHT"] = alpha
+        model = make_model()
+        optimizer = LazyMixingAdam(model.parameters(), lr=LR, betas=BETAS, eps=EPS, topology="complete")
+        sent = []
+        for step in range(3):
+            generator = torch.Generator().manual_seed(100 * rank + step)
+            x = torch.randn(8, 4, generator=generator, dtype=torch.float64)
+            optimizer.zero_grad()
+            loss_of(model, x).backward()
+            optimizer.step()
+            sent.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        optimizer.wait_for_exchanges()
+        out[alpha] = sent
+        optimizer.close()
+    return out
+
+
+def test_lazy_mixing_moves_half_way_to_the_mean() -> None:
+    """alpha = 1 is DecentralizedAdam's full mixing; with alpha = 0.5 the second step starts half way
+    between the rank's weights and the mean, so the ranks end up further apart."""
+    results = run_distributed(lazy_worker, 2)
+    full, lazy = [r["1.0"] for r in results], [r["0.5"] for r in results]
+    torch.testing.assert_close(full[0][0], lazy[0][0], rtol=0, atol=0)  # the first step does not mix
+    spread_full = float((full[0][2] - full[1][2]).norm())
+    spread_lazy = float((lazy[0][2] - lazy[1][2]).norm())
+    assert spread_lazy > 1.2 * spread_full > 0

@@ -39,7 +39,7 @@ __all__ = ["GroupGradientAdam", "group_gradient_update"]
 @torch.no_grad()
 def group_gradient_update(
     state: dict[Tensor, dict[str, Any]], group: dict[str, Any], params: list[Tensor]
-) -> None:  # noqa: E501
+) -> None:
     """AdamW divided by the group-gradient estimate ``A`` (``all_ranks`` until ``A`` exists)."""
     beta1, beta2 = group["betas"]
     n = group.get("noise_ranks", 1)
