@@ -7,7 +7,8 @@ first output line that matches ``--marker`` (a regular expression): the recipe's
 optimizer step`` by default, or the progress bar's ``1/N`` for code without that line. The command
 is stopped when it runs past ``--timeout-s`` or when the machine's available memory falls under
 ``--min-available-gib`` (so a run that would exhaust a shared machine is cut short, and reported as
-such, with the peak memory it had reached). Prints one JSON line::
+such, with the peak memory it had reached). Prints one JSON line: seconds from the launch to the
+first step, each rank's peak RSS when the first step was seen and over the whole run::
 
     python -m benchmarks.first_step --out report.json -- \
         accelerate launch ... -m recipes.translation.train ...
@@ -100,6 +101,7 @@ def measure(command: list[str], args: argparse.Namespace) -> dict[str, Any]:
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     peaks: dict[int, float] = {}
+    at_first_step: list[float] = []
     stopped = ""
     lowest = available_gib()
     while process.poll() is None:
@@ -108,6 +110,8 @@ def measure(command: list[str], args: argparse.Namespace) -> dict[str, Any]:
                 peak = peak_rss_gib(pid)
                 if peak is not None:
                     peaks[pid] = max(peak, peaks.get(pid, 0.0))
+        if first_step and not at_first_step:  # the peaks up to the first step (evaluation comes next)
+            at_first_step.extend(sorted(peaks.values(), reverse=True))
         available = available_gib()
         lowest = min(lowest, available)
         elapsed = time.time() - started
@@ -127,6 +131,7 @@ def measure(command: list[str], args: argparse.Namespace) -> dict[str, Any]:
         "total_s": round(time.time() - started, 1),
         "exit_code": process.returncode,
         "stopped": stopped,
+        "peak_rss_gib_per_rank_at_first_step": [round(p, 2) for p in at_first_step],
         "peak_rss_gib_per_rank": [round(p, 2) for p in ranks],
         "lowest_available_gib": round(lowest, 1),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),

@@ -62,6 +62,9 @@ def test_cache_equals_the_direct_encoding_and_is_built_once(
     old, _ = data.build_tokenizer([sources, targets], VOCAB, tmp_path / "old")
     assert old.get_vocab() == tokenizer[0].get_vocab()
     direct = data.encode(tokenizer[0], sources, targets, max_length=20)
+    everything = data.encode(tokenizer[0], sources, targets)
+    called = tokenizer[0](targets, add_special_tokens=True)["input_ids"]  # what encode used to call
+    assert np.array_equal(everything.tgt_ids, np.concatenate(called)) and len(everything) == len(called)
     first = cached(tokenizer, corpus, tmp_path)  # 4 chunks of 400 pairs
     assert isinstance(first.src_ids, np.memmap) and 0 < len(first) < len(sources)
     assert_same(first, direct)
