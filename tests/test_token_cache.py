@@ -5,6 +5,7 @@ corrupt, keyed by everything that changes its content. And the tokenizer's bound
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tqdm import tqdm
 
 pytest.importorskip("tokenizers", reason="the translation recipe needs pip install '.[recipes]'")
 pytest.importorskip("transformers", reason="the translation recipe needs pip install '.[recipes]'")
@@ -213,6 +215,8 @@ def test_the_tokenizer_sample_is_uniform_the_same_every_time_and_bounded() -> No
             and sources == [f"s{i}" for i in expected]
             and targets == [f"t{i}" for i in expected]
         )
+    with tqdm(file=io.StringIO(), mininterval=0, miniters=1) as bar:  # a bar that refreshes every time
+        assert list(data.counted(chunks(64), bar)) == chunks(64) and bar.n == 1000
     everything = data.sample_pairs(chunks(64), 0)
     assert everything == ([s for s, _ in pairs], [t for _, t in pairs], 1000)
     assert (

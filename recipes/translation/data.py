@@ -365,12 +365,19 @@ def prepare_tokenizer(
     from tqdm.auto import tqdm
 
     with tqdm(desc=f"reading {split} for the tokenizer", unit=" pairs", disable=not progress) as bar:
-        chunks = (bar.update(len(pair[0])) or pair for pair in stream_split(source, split, src, tgt, limit))
+        chunks = counted(stream_split(source, split, src, tgt, limit), bar)
         sources, targets, total = sample_pairs(chunks, sample)
     if progress:
         logger.info("training a %d-token BPE tokenizer on %d of %d pairs", vocab_size, len(sources), total)
     tokenizer = train_tokenizer([sources, targets], vocab_size, show_progress=progress)
     return cache_tokenizer(tokenizer, directory)
+
+
+def counted(chunks: Iterable[tuple[list[str], list[str]]], bar: Any) -> Iterator[tuple[list[str], list[str]]]:
+    """``chunks``, counting their pairs on the progress bar ``bar``."""
+    for chunk in chunks:
+        bar.update(len(chunk[0]))
+        yield chunk
 
 
 def sample_pairs(
