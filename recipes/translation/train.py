@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     window_start = clock.seconds
     since = None  # decentadam: communication counters at the last log
     stop = step >= t.max_steps
+    first_step = step + 1
     model.train()
     clock.start()
     while not stop:
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
             step, start_batch = step + 1, batch_index + 1
             progress.update(1)
             stop = step >= t.max_steps
-            if step == 1:  # once per rank: what starting took (issue 23 measures it at WMT scale)
+            if step == first_step:  # once per rank: what starting took (data preparation, mostly)
                 print(f"rank {rank}: {first_step_report()}", flush=True)
 
             if step % t.log_every == 0 or stop:
