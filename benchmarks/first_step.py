@@ -17,6 +17,7 @@ first step, each rank's peak RSS when the first step was seen and over the whole
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -119,7 +120,13 @@ def measure(command: list[str], args: argparse.Namespace) -> dict[str, Any]:
             stopped = f"stopped after {elapsed:.0f} s: " + (
                 "timeout" if elapsed > args.timeout_s else f"only {available:.1f} GiB available"
             )
+            # The launcher's group, and each rank: torch's elastic agent starts every rank in a
+            # session of its own, so killing the group alone leaves them running.
+            running = set(peaks) | set(children(process.pid))
             os.killpg(process.pid, signal.SIGKILL)
+            for pid in running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         time.sleep(args.every)
     reader.join(timeout=10)
     if log:
