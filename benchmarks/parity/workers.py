@@ -55,14 +55,8 @@ class Workers:
 
     def __init__(self, cfg: config.Config, workers: int) -> None:
         d, t = cfg.data, cfg.train
-        train_text = data.read_split(d.path, d.train_split, d.src, d.tgt, d.limit)
-        val_text = data.read_split(d.path, d.val_split, d.src, d.tgt, d.val_limit)
-        self.tokenizer, _ = data.build_tokenizer(
-            list(train_text), d.vocab_size, data.tokenizer_cache(d.cache_dir), path=d.tokenizer
-        )
+        self.tokenizer, _, self.train_set, self.val_set = data.prepare_data(d)  # the recipe's data
         self.pad_id = self.tokenizer.pad_token_id
-        self.train_set = data.encode(self.tokenizer, *train_text, max_length=d.max_length)
-        self.val_set = data.encode(self.tokenizer, *val_text)
         max_tokens = t.global_tokens // (workers * t.grad_accum)
         self.batches = [
             data.TokenBatches(

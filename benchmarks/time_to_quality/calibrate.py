@@ -50,12 +50,7 @@ def calibrate(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1)
     cfg = config.load(spec["preset"], spec["overrides"])
     rank, world = int(spec["rank"]), int(spec["world_size"])
-    train_text = data.read_split(
-        cfg.data.path, cfg.data.train_split, cfg.data.src, cfg.data.tgt, cfg.data.limit
-    )
-    cache = data.tokenizer_cache(cfg.data.cache_dir)
-    tokenizer, _ = data.build_tokenizer(list(train_text), cfg.data.vocab_size, cache, path=cfg.data.tokenizer)
-    train_set = data.encode(tokenizer, *train_text, max_length=cfg.data.max_length)
+    tokenizer, _, train_set, _ = data.prepare_data(cfg.data)  # the recipe's data, from its caches
     batches = data.TokenBatches(
         train_set.src_lengths,
         train_set.tgt_lengths,

@@ -35,7 +35,10 @@ class DataConfig:
     tokenizer: str = ""
     """Directory of a saved tokenizer to use instead of training one ("" = train, or reuse the cached one)."""
     cache_dir: str = ""
-    """Where trained tokenizers are cached ("" = ``~/.cache/decentadam/translation``)."""
+    """Where trained tokenizers and the token caches of the splits are kept ("" =
+    ``~/.cache/decentadam/translation``); the main process writes them, the other ranks read them."""
+    tokenizer_sample: int = 1_000_000
+    """Training pairs the tokenizer is trained on, drawn uniformly with a fixed seed (0 = all pairs)."""
     max_length: int = 256
     """Training pairs with a side longer than this many tokens are dropped."""
     limit: int = 0

@@ -1,40 +1,53 @@
-"""Parallel text, a joint subword tokenizer, and token-budget batches for the translation recipe.
+"""Parallel text, a joint subword tokenizer, token ids cached on disk, and token-budget batches for
+the translation recipe.
 
-Three steps, each a plain function or class:
+Four steps, each a plain function or class:
 
 1. :func:`read_split`, the one reader of training and ``eval.bleu``, takes three kinds of source
    (``recipes.common.sources``): :func:`read_local` reads a directory of ``{split}.{lang}`` or
    ``{split}.{lang}.gz`` files (one sentence per line, lines aligned across languages: the layout
    of Multi30k); :func:`read_translations` reads the ``translation`` column of a local ``datasets``
    directory (``save_to_disk`` or the hub's parquet files) or of a hub corpus (``wmt/wmt14``),
-   through ``datasets`` (imported only then). Bad input raises :class:`DataError` naming the file
-   (and line) or the dataset (and split, column or language) and what is expected.
-2. :func:`build_tokenizer` trains a joint BPE tokenizer (HF ``tokenizers``) on the source and target
-   training text, cached under a hash of that text and of the settings, or loads one from a path.
+   through ``datasets`` (imported only then). :func:`stream_split` reads the same in chunks. Bad
+   input raises :class:`DataError` naming the file (and line) or the dataset (and split, column or
+   language) and what is expected.
+2. :func:`prepare_tokenizer` trains a joint BPE tokenizer (HF ``tokenizers``) on a bounded, seeded
+   sample of the training pairs (:func:`sample_pairs`), cached under a key of the data's identity
+   (files, sizes, times: no line is read to find it) and the settings, or loads one from a path.
    It is a ``PreTrainedTokenizerFast``: ``save_pretrained(dir)`` next to a model makes
-   ``AutoTokenizer.from_pretrained(dir)`` work.
-3. :class:`TokenBatches` groups examples of similar length into batches of at most ``max_tokens``
+   ``AutoTokenizer.from_pretrained(dir)`` work. (:func:`build_tokenizer` trains on given texts.)
+3. :func:`cached_encode` tokenizes a split once, in chunks, into a cache directory of flat token
+   id arrays that every rank memory-maps (:class:`Encoded`); a partial or corrupt entry is rebuilt,
+   never used. :func:`prepare_data` does steps 2 and 3 for a config's ``data`` section.
+4. :class:`TokenBatches` groups examples of similar length into batches of at most ``max_tokens``
    padded tokens, in an order that depends only on (seed, epoch), and gives each rank a disjoint,
    equally long share of them, so a run resumed at (epoch, batch) continues exactly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
+import itertools
+import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from recipes.common import sources as data_sources
+
+if TYPE_CHECKING:
+    from recipes.translation.config import DataConfig
 
 logger = logging.getLogger(__name__)
 
@@ -66,42 +79,76 @@ def split_file(directory: str | os.PathLike[str], split: str, lang: str) -> Path
     )
 
 
-def read_lines(path: Path) -> list[str]:
-    """Lines of a text file (``.gz`` decompressed), stripped; an empty file or line raises DataError."""
+def stream_lines(path: Path, chunk: int = 100_000) -> Iterator[list[str]]:
+    """Lines of a text file (``.gz`` decompressed), stripped, ``chunk`` at a time; an empty line raises
+    DataError naming it."""
     opener = gzip.open if path.suffix == ".gz" else open
+    number = 0
     try:
         with opener(path, "rt", encoding="utf-8") as handle:
-            lines = [line.strip() for line in handle]
+            while lines := [line.strip() for line in itertools.islice(handle, chunk)]:
+                if not all(lines):
+                    empty = number + lines.index("") + 1
+                    raise DataError(
+                        f"{path}, line {empty}, is empty: expected one sentence on every line, aligned "
+                        "with the other language's file"
+                    )
+                number += len(lines)
+                yield lines
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(
             f"cannot read {path}: {error} (expected UTF-8 text, gzipped if it ends in .gz)"
         ) from None
-    if not lines:
-        raise DataError(f"{path} is empty: expected one sentence per line")
-    for number, line in enumerate(lines, start=1):
-        if not line:
+
+
+def stream_local(
+    directory: str | os.PathLike[str], split: str, src: str, tgt: str, limit: int = 0, chunk: int = 100_000
+) -> Iterator[tuple[list[str], list[str]]]:
+    """Aligned (source, target) sentences of ``split``, ``chunk`` pairs at a time (:func:`read_local`)."""
+    if src == tgt:
+        raise DataError(f"unknown language pair {src}-{tgt}: source and target must differ")
+    src_path, tgt_path = split_file(directory, split, src), split_file(directory, split, tgt)
+    sources, targets = stream_lines(src_path, chunk), stream_lines(tgt_path, chunk)
+    counts = [0, 0]
+    none: list[str] = []
+    for source_lines, target_lines in itertools.zip_longest(sources, targets, fillvalue=none):
+        counts[0] += len(source_lines)
+        counts[1] += len(target_lines)
+        if counts[0] != counts[1]:
+            for path, count in ((src_path, counts[0]), (tgt_path, counts[1])):
+                if count == 0:
+                    raise DataError(f"{path} is empty: expected one sentence per line")
+            counts[0] += sum(len(rest) for rest in sources)
+            counts[1] += sum(len(rest) for rest in targets)
             raise DataError(
-                f"{path}, line {number}, is empty: expected one sentence on every line, aligned with the "
-                "other language's file"
+                f"{src_path} has {counts[0]} lines but {tgt_path} has {counts[1]}: parallel files must "
+                f"have one line per sentence pair (they first differ in length after line "
+                f"{min(counts)})"
             )
-    return lines
+        if limit > 0 and counts[0] >= limit:
+            keep = len(source_lines) - (counts[0] - limit)
+            yield source_lines[:keep], target_lines[:keep]
+            return
+        yield source_lines, target_lines
+    for path, count in ((src_path, counts[0]), (tgt_path, counts[1])):
+        if count == 0:
+            raise DataError(f"{path} is empty: expected one sentence per line")
 
 
 def read_local(
     directory: str | os.PathLike[str], split: str, src: str, tgt: str, limit: int = 0
 ) -> tuple[list[str], list[str]]:
     """Aligned (source, target) sentences of ``split``; at most ``limit`` pairs when ``limit > 0``."""
-    if src == tgt:
-        raise DataError(f"unknown language pair {src}-{tgt}: source and target must differ")
-    src_path, tgt_path = split_file(directory, split, src), split_file(directory, split, tgt)
-    sources, targets = read_lines(src_path), read_lines(tgt_path)
-    if len(sources) != len(targets):
-        raise DataError(
-            f"{src_path} has {len(sources)} lines but {tgt_path} has {len(targets)}: parallel files must "
-            f"have one line per sentence pair (they first differ in length after line "
-            f"{min(len(sources), len(targets))})"
-        )
-    return (sources[:limit], targets[:limit]) if limit > 0 else (sources, targets)
+    return concatenated(stream_local(directory, split, src, tgt, limit))
+
+
+def concatenated(chunks: Iterable[tuple[list[str], list[str]]]) -> tuple[list[str], list[str]]:
+    sources: list[str] = []
+    targets: list[str] = []
+    for source_lines, target_lines in chunks:
+        sources += source_lines
+        targets += target_lines
+    return sources, targets
 
 
 def hub_config(name: str, src: str, tgt: str) -> str | None:
@@ -124,11 +171,12 @@ def pair_config(name: str, configs: Iterable[str], src: str, tgt: str) -> str:
     )
 
 
-def read_translations(
-    dataset: Any, name: str, split: str, src: str, tgt: str, limit: int = 0
-) -> tuple[list[str], list[str]]:
+def stream_translations(
+    dataset: Any, name: str, split: str, src: str, tgt: str, limit: int = 0, chunk: int = 100_000
+) -> Iterator[tuple[list[str], list[str]]]:
     """(source, target) sentences of a ``datasets`` split with a ``translation`` column of
-    ``{lang: sentence}`` dicts (WMT14's layout). Pairs with an empty side are dropped."""
+    ``{lang: sentence}`` dicts (WMT14's layout), ``chunk`` rows at a time, read as Arrow batches so
+    only a chunk is ever in Python objects. Pairs with an empty side are dropped."""
     data_sources.require_columns(dataset, name, split, {"translation": "a {language: sentence} dict per row"})
     feature = dataset.features["translation"]
     languages = list(getattr(feature, "languages", None) or (feature if isinstance(feature, dict) else []))
@@ -138,15 +186,58 @@ def read_translations(
             f"{name} (split {split}): its translation column has no {', '.join(missing)}; it has "
             f"{', '.join(sorted(languages)) or 'no languages'} (expected the pair {src}-{tgt})"
         )
-    columns = dataset.select_columns(["translation"]).flatten()
-    pairs = zip(columns[f"translation.{src}"], columns[f"translation.{tgt}"], strict=True)
-    stripped = ((s.strip() if s else "", t.strip() if t else "") for s, t in pairs)
-    kept = [(s, t) for s, t in stripped if s and t]
+    kept = 0
+    batches = dataset.select_columns(["translation"]).with_format("arrow").iter(batch_size=chunk)
+    for table in batches:
+        columns = table.flatten()  # translation.{lang}: null where the row's dict is null
+        pairs = zip(
+            columns.column(f"translation.{src}").to_pylist(),
+            columns.column(f"translation.{tgt}").to_pylist(),
+            strict=True,
+        )
+        stripped = ((s.strip() if s else "", t.strip() if t else "") for s, t in pairs)
+        rows = [(s, t) for s, t in stripped if s and t]
+        if limit > 0:
+            rows = rows[: limit - kept]
+        kept += len(rows)
+        if rows:
+            yield [s for s, _ in rows], [t for _, t in rows]
+        if limit > 0 and kept >= limit:
+            return
     if not kept:
         raise DataError(f"{name} (split {split}): no pair with both sides non-empty")
-    if limit > 0:
-        kept = kept[:limit]
-    return [s for s, _ in kept], [t for _, t in kept]
+
+
+def read_translations(
+    dataset: Any, name: str, split: str, src: str, tgt: str, limit: int = 0
+) -> tuple[list[str], list[str]]:
+    """(source, target) sentences of a ``datasets`` split (:func:`stream_translations`)."""
+    return concatenated(stream_translations(dataset, name, split, src, tgt, limit))
+
+
+def stream_split(
+    source: str, split: str, src: str, tgt: str, limit: int = 0, chunk: int = 100_000
+) -> Iterator[tuple[list[str], list[str]]]:
+    """(source, target) sentences of ``split``, ``chunk`` pairs at a time: :func:`read_split`'s
+    reading, in bounded memory (what the token cache is built from)."""
+    if src == tgt:
+        raise DataError(f"unknown language pair {src}-{tgt}: source and target must differ")
+    kind = data_sources.source_kind(source, files=f"{split}.{src} and {split}.{tgt} files", hub="wmt/wmt14")
+    if kind == "files":
+        yield from stream_local(source, split, src, tgt, limit, chunk)
+        return
+    dataset = data_sources.load_split(source, kind, split, dataset_config(source, kind, src, tgt))
+    yield from stream_translations(dataset, source, split, src, tgt, limit, chunk)
+
+
+def dataset_config(source: str, kind: data_sources.Kind, src: str, tgt: str) -> str | None:
+    """The config (language pair) of a hub or parquet source; None for one with a single config."""
+    if kind == "hub":
+        return hub_config(source, src, tgt)
+    if kind == "parquet":
+        configs = [c for c in data_sources.parquet_layout(source) if c]
+        return pair_config(source, configs, src, tgt) if len(configs) > 1 else None
+    return None
 
 
 def read_split(source: str, split: str, src: str, tgt: str, limit: int = 0) -> tuple[list[str], list[str]]:
@@ -156,20 +247,9 @@ def read_split(source: str, split: str, src: str, tgt: str, limit: int = 0) -> t
     ``datasets`` directory (``save_to_disk``, or parquet files in the hub's layout such as
     ``DIR/de-en/train-00000-of-00003.parquet``) or a hub name (``wmt/wmt14``); the last two need
     a ``translation`` column (:func:`read_translations`). At most ``limit`` pairs when ``limit > 0``.
+    Training reads through :func:`stream_split` into the token cache instead (:func:`cached_encode`).
     """
-    if src == tgt:
-        raise DataError(f"unknown language pair {src}-{tgt}: source and target must differ")
-    kind = data_sources.source_kind(source, files=f"{split}.{src} and {split}.{tgt} files", hub="wmt/wmt14")
-    if kind == "files":
-        return read_local(source, split, src, tgt, limit)
-    config = None
-    if kind == "hub":
-        config = hub_config(source, src, tgt)
-    elif kind == "parquet":
-        configs = [c for c in data_sources.parquet_layout(source) if c]
-        config = pair_config(source, configs, src, tgt) if len(configs) > 1 else None
-    dataset = data_sources.load_split(source, kind, split, config)
-    return read_translations(dataset, source, split, src, tgt, limit)
+    return concatenated(stream_split(source, split, src, tgt, limit))
 
 
 # 2. The joint subword tokenizer -----------------------------------------------------------------
@@ -186,7 +266,9 @@ def text_fingerprint(texts: Iterable[Iterable[str]], *settings: object) -> str:
     return digest.hexdigest()
 
 
-def train_tokenizer(texts: Iterable[Iterable[str]], vocab_size: int, max_length: int = 1024) -> Any:
+def train_tokenizer(
+    texts: Iterable[Iterable[str]], vocab_size: int, max_length: int = 1024, *, show_progress: bool = False
+) -> Any:
     """A BPE tokenizer on NFKC text with sentencepiece-style word boundaries (so decoding is lossless
     for normalised text), ids 0-3 = ``<pad> </s> <unk> <s>``, and ``</s>`` appended to every input."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -197,7 +279,7 @@ def train_tokenizer(texts: Iterable[Iterable[str]], vocab_size: int, max_length:
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS, show_progress=False
+        vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS, show_progress=show_progress
     )
     tokenizer.train_from_iterator((line for text in texts for line in text), trainer=trainer)
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -241,15 +323,104 @@ def build_tokenizer(
         logger.info("tokenizer from the cache: %s", directory)
         return AutoTokenizer.from_pretrained(directory), directory
     logger.info("training a %d-token BPE tokenizer on %d texts", vocab_size, len(texts))
-    tokenizer = train_tokenizer(texts, vocab_size)
-    Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=cache_dir))
+    return cache_tokenizer(train_tokenizer(texts, vocab_size), directory)
+
+
+def cache_tokenizer(tokenizer: Any, directory: Path) -> tuple[Any, Path]:
+    """Save ``tokenizer`` as ``directory`` atomically (a temporary directory renamed into place, so
+    concurrent runs never read half a tokenizer); load it back from there."""
+    from transformers import AutoTokenizer
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=directory.parent))
     tokenizer.save_pretrained(staging)
     try:
         staging.rename(directory)
     except OSError:  # another process cached the same tokenizer first
         shutil.rmtree(staging, ignore_errors=True)
     return AutoTokenizer.from_pretrained(directory), directory
+
+
+def prepare_tokenizer(
+    source: str, split: str, src: str, tgt: str, *, vocab_size: int, sample: int,
+    cache_dir: str | os.PathLike[str], path: str = "", limit: int = 0, progress: bool = False,
+) -> tuple[Any, Path]:  # fmt: skip
+    """The tokenizer of a training split: the one at ``path``, or one trained on a sample of the split.
+
+    The sample is ``sample`` pairs (all when 0 or when the split has fewer) drawn uniformly, the same
+    every time (:func:`sample_pairs`); the cache entry ``cache_dir/tokenizer-<hash>`` is keyed by the
+    split's identity (:func:`source_identity`: files, sizes and times, not their lines, so a rank can
+    find it without reading the data) and the settings. Only this function reads text (one pass).
+    """
+    if path:
+        return build_tokenizer([], vocab_size, cache_dir, path=path)
+    identity = source_identity(source, split, src, tgt)
+    key = fingerprint(TOKENIZER_FORMAT, identity, split, src, tgt, limit, sample, vocab_size)
+    directory = Path(cache_dir) / f"tokenizer-{key}"
+    if (directory / "tokenizer.json").is_file():
+        from transformers import AutoTokenizer
+
+        logger.info("tokenizer from the cache: %s", directory)
+        return AutoTokenizer.from_pretrained(directory), directory
+    from tqdm.auto import tqdm
+
+    with tqdm(desc=f"reading {split} for the tokenizer", unit=" pairs", disable=not progress) as bar:
+        chunks = counted(stream_split(source, split, src, tgt, limit), bar)
+        sources, targets, total = sample_pairs(chunks, sample)
+    if progress:
+        logger.info("training a %d-token BPE tokenizer on %d of %d pairs", vocab_size, len(sources), total)
+    tokenizer = train_tokenizer([sources, targets], vocab_size, show_progress=progress)
+    return cache_tokenizer(tokenizer, directory)
+
+
+def counted(chunks: Iterable[tuple[list[str], list[str]]], bar: Any) -> Iterator[tuple[list[str], list[str]]]:
+    """``chunks``, counting their pairs on the progress bar ``bar``."""
+    for chunk in chunks:
+        bar.update(len(chunk[0]))
+        yield chunk
+
+
+def sample_pairs(
+    chunks: Iterable[tuple[list[str], list[str]]], size: int, seed: int = 0
+) -> tuple[list[str], list[str], int]:
+    """A uniform sample of ``size`` pairs from ``chunks`` (every pair when 0 or when there are fewer),
+    in their order in the data, and the number of pairs read.
+
+    Bottom-k sampling: each pair draws a key from a generator seeded with ``seed`` and the ``size``
+    smallest keys are kept, so one pass with ``size`` pairs in memory gives the same sample every time.
+    """
+    generator = np.random.default_rng(seed)
+    sources: list[str] = []
+    targets: list[str] = []
+    keys, positions = np.empty(0), np.empty(0, dtype=np.int64)
+    total = 0
+    for source_lines, target_lines in chunks:
+        count, first = len(source_lines), total
+        total += count
+        chunk_keys = generator.random(count)
+        fill = count if size <= 0 else min(size - len(sources), count)
+        if fill > 0:
+            sources += source_lines[:fill]
+            targets += target_lines[:fill]
+            keys = np.concatenate([keys, chunk_keys[:fill]])
+            positions = np.concatenate([positions, np.arange(first, first + fill)])
+        if fill == count:
+            continue
+        rest = np.arange(max(fill, 0), count)
+        better = rest[chunk_keys[rest] < keys.max()]
+        if not len(better):
+            continue
+        # The size smallest of the kept and the better keys: newcomers replace the evicted slots.
+        kept = np.argpartition(np.concatenate([keys, chunk_keys[better]]), size - 1)[:size]
+        incoming = better[kept[kept >= size] - size]
+        evicted = np.setdiff1d(np.arange(size), kept[kept < size], assume_unique=True)
+        for slot, row in zip(evicted.tolist(), incoming.tolist(), strict=True):
+            sources[slot], targets[slot] = source_lines[row], target_lines[row]
+        keys[evicted], positions[evicted] = chunk_keys[incoming], first + incoming
+    order = np.argsort(positions, kind="stable").tolist()
+    if order != list(range(len(order))):
+        sources, targets = [sources[i] for i in order], [targets[i] for i in order]
+    return sources, targets, total
 
 
 @dataclass
@@ -281,8 +452,15 @@ class Encoded:
 def encode(tokenizer: Any, sources: list[str], targets: list[str], max_length: int = 0) -> Encoded:
     """Tokenize the pairs; with ``max_length > 0`` drop pairs with a side longer than that (tokens)."""
 
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+
     def flat(texts: list[str]) -> list[list[int]]:
-        return list(tokenizer(texts, add_special_tokens=True)["input_ids"])
+        if backend is None:
+            return list(tokenizer(texts, add_special_tokens=True)["input_ids"])
+        # The same ids as tokenizer(texts)["input_ids"] (no truncation is set), without building
+        # offsets, attention masks and a BatchEncoding: a third less time at WMT scale.
+        batch = getattr(backend, "encode_batch_fast", backend.encode_batch)  # _fast: tokenizers >= 0.21
+        return [encoding.ids for encoding in batch(texts, add_special_tokens=True)]
 
     src, tgt = flat(sources), flat(targets)
     if max_length > 0:
@@ -301,6 +479,198 @@ def encode(tokenizer: Any, sources: list[str], targets: list[str], max_length: i
 
     (src_ids, src_offsets), (tgt_ids, tgt_offsets) = pack(src), pack(tgt)
     return Encoded(src_ids, src_offsets, tgt_ids, tgt_offsets)
+
+
+# 2b. The token cache: a split's token ids, encoded once, memory-mapped by every rank -------------
+
+CACHE_FORMAT = 1  # part of the token cache key: bump when the layout below or the encoding changes
+SIDES = ("src", "tgt")
+
+
+class CacheError(Exception):
+    """A token cache directory that cannot be trusted (missing, truncated or inconsistent files)."""
+
+
+def fingerprint(*parts: object) -> str:
+    """A cache key: the start of the sha256 of the parts as JSON."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def source_identity(source: str, split: str, src: str, tgt: str) -> dict[str, Any]:
+    """What identifies a split's data without reading it: for local data each file's path, size and
+    modification time (the split's two files, or every file of a ``datasets`` directory); for a hub
+    name the name, config and split (a new revision of a hub corpus needs a new ``cache_dir``)."""
+    kind = data_sources.source_kind(source, files=f"{split}.{src} and {split}.{tgt} files", hub="wmt/wmt14")
+    if kind == "hub":
+        return {"hub": source, "config": dataset_config(source, kind, src, tgt), "split": split}
+    if kind == "files":
+        paths = [split_file(source, split, src), split_file(source, split, tgt)]
+    else:
+        paths = sorted(p for p in Path(source).rglob("*") if p.is_file())
+    stats = [(str(p.resolve()), p.stat()) for p in paths]
+    return {"kind": kind, "files": [[name, st.st_size, st.st_mtime_ns] for name, st in stats]}
+
+
+def cached_encode(
+    tokenizer: Any, tokenizer_dir: Path, source: str, split: str, src: str, tgt: str, *,
+    cache_dir: str | os.PathLike[str], limit: int = 0, max_length: int = 0, chunk: int = 100_000,
+    progress: bool = False,
+) -> Encoded:  # fmt: skip
+    """:func:`encode` of a split, through a cache on disk: the arrays are memory-mapped, not in memory.
+
+    The entry ``cache_dir/tokens-<key>/`` is keyed by the split's identity (:func:`source_identity`),
+    ``split``, the languages, ``limit``, ``max_length``, the tokenizer (a hash of its
+    ``tokenizer.json``) and :data:`CACHE_FORMAT`. It holds ``{src,tgt}_ids.bin`` (int32, raw),
+    ``{src,tgt}_offsets.npy`` (int64) and ``meta.json`` (counts, the key's inputs, the sha256 of
+    each offsets array). It is built in a temporary directory of ``cache_dir`` from
+    :func:`stream_split` in chunks of ``chunk`` pairs (memory stays bounded), then renamed into
+    place: the rename is the last act, so a complete directory is the only kind that exists. Opening
+    checks meta, file sizes, the offsets' hashes and their consistency with the ids (not the ids'
+    content); an entry that fails is logged, removed and rebuilt, never used.
+
+    With several processes, call it in the main process first and in the others after (the recipe
+    does): they then open the entry without reading the data.
+    """
+    digest = hashlib.sha256((Path(tokenizer_dir) / "tokenizer.json").read_bytes()).hexdigest()
+    inputs = {
+        "format": CACHE_FORMAT, "data": source_identity(source, split, src, tgt), "split": split,
+        "src": src, "tgt": tgt, "limit": limit, "max_length": max_length, "tokenizer": digest,
+    }  # fmt: skip
+    key = fingerprint(inputs)
+    directory = Path(cache_dir) / f"tokens-{key}"
+    if directory.exists():
+        try:
+            return open_tokens(directory, key)
+        except CacheError as error:
+            logger.warning("token cache %s cannot be trusted (%s): rebuilding it", directory, error)
+            shutil.rmtree(directory, ignore_errors=True)
+    build_tokens(tokenizer, directory, key, inputs, source, split, src, tgt, chunk=chunk, progress=progress)
+    return open_tokens(directory, key)
+
+
+def prepare_data(d: DataConfig, *, progress: bool = False) -> tuple[Any, Path, Encoded, Encoded]:
+    """The tokenizer (and its directory), the training set and the validation set of the ``data``
+    section of a config, through the caches: :func:`prepare_tokenizer`, then :func:`cached_encode`
+    of the validation split (small: bad data there shows early) and of the training split."""
+    cache_dir = tokenizer_cache(d.cache_dir)
+    tokenizer, tokenizer_dir = prepare_tokenizer(
+        d.path, d.train_split, d.src, d.tgt, vocab_size=d.vocab_size, sample=d.tokenizer_sample,
+        cache_dir=cache_dir, path=d.tokenizer, limit=d.limit, progress=progress,
+    )  # fmt: skip
+    val_set = cached_encode(
+        tokenizer, tokenizer_dir, d.path, d.val_split, d.src, d.tgt, cache_dir=cache_dir, limit=d.val_limit,
+        progress=progress,
+    )  # fmt: skip
+    train_set = cached_encode(
+        tokenizer, tokenizer_dir, d.path, d.train_split, d.src, d.tgt, cache_dir=cache_dir, limit=d.limit,
+        max_length=d.max_length, progress=progress,
+    )  # fmt: skip
+    return tokenizer, tokenizer_dir, train_set, val_set
+
+
+def build_tokens(
+    tokenizer: Any, directory: Path, key: str, inputs: dict[str, Any], source: str, split: str, src: str,
+    tgt: str, *, chunk: int, progress: bool,
+) -> None:  # fmt: skip
+    """Encode the split into a new cache entry ``directory`` (see :func:`cached_encode`)."""
+    from tqdm.auto import tqdm
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned(directory)
+    prefix = f"{staging_prefix(directory)}{os.getpid()}."
+    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=directory.parent))
+    lengths: dict[str, list[np.ndarray]] = {side: [] for side in SIDES}
+    pairs = 0
+    try:
+        with contextlib.ExitStack() as files:
+            ids = {side: files.enter_context(open(staging / f"{side}_ids.bin", "wb")) for side in SIDES}
+            bar = files.enter_context(tqdm(desc=f"encoding {split}", unit=" pairs", disable=not progress))
+            for sources, targets in stream_split(source, split, src, tgt, inputs["limit"], chunk):
+                encoded = encode(tokenizer, sources, targets, max_length=inputs["max_length"])
+                for side, side_ids, offsets in (
+                    ("src", encoded.src_ids, encoded.src_offsets),
+                    ("tgt", encoded.tgt_ids, encoded.tgt_offsets),
+                ):
+                    ids[side].write(side_ids.astype(np.int32).tobytes())
+                    lengths[side].append(np.diff(offsets))
+                pairs += len(sources)
+                bar.update(len(sources))
+        meta: dict[str, Any] = {"key": key, "inputs": inputs, "read": pairs}
+        for side in SIDES:
+            offsets = np.zeros(sum(map(len, lengths[side])) + 1, dtype=np.int64)
+            np.cumsum(np.concatenate([np.zeros(0, np.int64), *lengths[side]]), out=offsets[1:])
+            np.save(staging / f"{side}_offsets.npy", offsets)
+            meta[side] = {"tokens": int(offsets[-1]), "offsets_sha256": sha256(offsets)}
+        meta["pairs"] = len(offsets) - 1
+        if meta["pairs"] < pairs:
+            logger.info("dropped %d of %d pairs longer than %d tokens", pairs - meta["pairs"], pairs,
+                        inputs["max_length"])  # fmt: skip
+        (staging / "meta.json").write_text(json.dumps(meta, indent=1))
+        try:
+            staging.rename(directory)  # the complete marker: nothing else names this directory
+        except OSError:  # another process built the same entry first
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def staging_prefix(directory: Path) -> str:
+    """Name prefix of the temporary directories that build ``directory`` on this host (then a pid)."""
+    return f".{directory.name}.{socket.gethostname()}."
+
+
+def remove_abandoned(directory: Path) -> None:
+    """Remove temporary directories of ``directory`` left by builds on this host that died (a crash
+    leaves one behind; it was never read). Builds still running keep theirs."""
+    prefix = staging_prefix(directory)
+    for staging in directory.parent.glob(f"{prefix}*"):
+        pid = staging.name[len(prefix) :].split(".")[0]
+        if pid.isdigit() and not running(int(pid)):
+            logger.info("removing %s, left by a build that stopped", staging)
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sha256(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+def open_tokens(directory: Path, key: str) -> Encoded:
+    """The cache entry ``directory``, memory-mapped; CacheError when anything does not check out."""
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+        if meta.get("key") != key:
+            raise CacheError(f"meta.json has key {meta.get('key')!r}, expected {key!r}")
+        arrays: list[np.ndarray] = []
+        for side in SIDES:
+            tokens, pairs = int(meta[side]["tokens"]), int(meta["pairs"])
+            offsets = np.load(directory / f"{side}_offsets.npy", mmap_mode="r")
+            if offsets.shape != (pairs + 1,) or offsets.dtype != np.int64:
+                found = f"{offsets.shape} {offsets.dtype}"
+                raise CacheError(f"{side}_offsets.npy holds {found}, not {pairs + 1} int64")
+            if sha256(offsets) != meta[side]["offsets_sha256"]:
+                raise CacheError(f"{side}_offsets.npy does not match its hash in meta.json")
+            if offsets[0] != 0 or offsets[-1] != tokens or (pairs and np.diff(offsets).min() < 1):
+                raise CacheError(f"{side}_offsets.npy is not a partition of {tokens} token ids")
+            path = directory / f"{side}_ids.bin"
+            size = path.stat().st_size
+            if size != tokens * 4:
+                raise CacheError(f"{path.name} has {size} bytes, expected {tokens * 4} ({tokens} int32 ids)")
+            ids = np.memmap(path, dtype=np.int32, mode="r") if tokens else np.zeros(0, dtype=np.int32)
+            arrays += [ids, offsets]
+    except (OSError, ValueError, KeyError, TypeError) as error:  # missing or malformed files
+        raise CacheError(f"{type(error).__name__}: {error}") from None
+    return Encoded(*arrays)
 
 
 # 3. Token-budget batches ------------------------------------------------------------------------
@@ -359,11 +729,12 @@ class TokenBatches:
             order = np.argsort(self.lengths, kind="stable")
         batches: list[np.ndarray] = []
         start, longest = 0, 0
-        for position, index in enumerate(order):
-            longest_if_added = max(longest, int(self.lengths[index]))
+        # Python ints, not numpy scalars: this loop visits every example (4.5M for WMT14) per epoch.
+        for position, length in enumerate(self.lengths[order].tolist()):
+            longest_if_added = max(longest, length)
             if position > start and longest_if_added * (position - start + 1) > self.max_tokens:
                 batches.append(order[start:position])
-                start, longest_if_added = position, int(self.lengths[index])
+                start, longest_if_added = position, length
             longest = longest_if_added
         batches.append(order[start:])
         quantum = self.world_size * self.multiple_of

@@ -45,6 +45,9 @@ if not __package__:  # run as a file, `recipes` would not be importable
 import contextlib
 import dataclasses
 import math
+import resource
+import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -102,16 +105,14 @@ def main(argv: list[str] | None = None) -> None:
     run = RunDirectory(Path(t.output_dir), accelerator)
     resume_from = run.resume_from(args.resume)
 
-    # 1. Data: read and check every split first, then the tokenizer (trained once, by the main process).
-    train_text = data.read_split(d.path, d.train_split, d.src, d.tgt, d.limit)
-    val_text = data.read_split(d.path, d.val_split, d.src, d.tgt, d.val_limit)
-    with accelerator.main_process_first():
-        tokenizer, tokenizer_dir = data.build_tokenizer(
-            list(train_text), d.vocab_size, data.tokenizer_cache(d.cache_dir), path=d.tokenizer
+    # 1. Data: the main process trains the tokenizer on a sample of the training split and encodes the
+    # splits into token caches on disk; then each node's first rank, then the others, find them there
+    # and memory-map them (a cache in a node-local directory is built once per node).
+    with accelerator.main_process_first(), accelerator.local_main_process_first():
+        tokenizer, tokenizer_dir, train_set, val_set = data.prepare_data(
+            d, progress=accelerator.is_main_process
         )
     pad_id = tokenizer.pad_token_id
-    train_set = data.encode(tokenizer, *train_text, max_length=d.max_length)
-    val_set = data.encode(tokenizer, *val_text)
     max_tokens = t.global_tokens // (world * t.grad_accum)
     train_batches = data.TokenBatches(
         train_set.src_lengths, train_set.tgt_lengths, max_tokens,
@@ -190,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     window_start = clock.seconds
     since = None  # decentadam: communication counters at the last log
     stop = step >= t.max_steps
+    first_step = step + 1
     model.train()
     clock.start()
     while not stop:
@@ -217,6 +219,8 @@ def main(argv: list[str] | None = None) -> None:
             step, start_batch = step + 1, batch_index + 1
             progress.update(1)
             stop = step >= t.max_steps
+            if step == first_step:  # once per rank: what starting took (data preparation, mostly)
+                print(f"rank {rank}: {first_step_report()}", flush=True)
 
             if step % t.log_every == 0 or stop:
                 totals = accelerator.reduce(window, reduction="sum").cpu()
@@ -272,6 +276,16 @@ def main(argv: list[str] | None = None) -> None:
     accelerator.print(
         f"done: step {step}, {clock.seconds:.0f} s of training{peak}; checkpoints in {run.path}"
     )
+
+
+def first_step_report() -> str:
+    """Seconds since this process started and its peak resident memory so far (VmHWM)."""
+    import psutil  # a dependency of accelerate
+
+    process = psutil.Process()
+    seconds = time.time() - process.create_time()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    return f"first optimizer step {seconds:.1f} s after the process started, peak RSS {peak / 2**30:.2f} GiB"
 
 
 if __name__ == "__main__":
