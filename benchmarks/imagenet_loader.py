@@ -110,6 +110,7 @@ def commit() -> str:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
+    revision = commit()  # before the minutes of timing, in which the working tree may change
     cfg = config.load(args.preset, [f"data={args.data}"])
     d = cfg.data
     torch.set_num_threads(1)  # as in a loader worker: one thread per process
@@ -128,7 +129,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     costs = per_image_ms(dataset, order)
     return {
         "command": args.command,
-        "commit": commit(),
+        "commit": revision,
         "machine": machine(),
         "data": {"path": args.data, **folder_summary(train, order)},
         "settings": {
