@@ -55,6 +55,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "imagenet_loader"
 GPU_RATES = {
     "ResNet-50 per T4, Decent-DP's AER run (derived)": 103.0,
     "ResNet-50 per A100, A2CiD2's AR-SGD run (derived)": 176.0,
+    "ResNet-50 per A100, A2CiD2's fastest worker (derived)": 199.0,
     "ResNet-50 per A100 with AMP (an assumption, widely reported)": 2750.0,
 }
 """Training images/s of one GPU; how each is derived or assumed: docs/benchmarks.md, "ImageNet loader"."""
