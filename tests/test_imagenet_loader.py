@@ -25,7 +25,7 @@ def jpegs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
     return root, imagenet_jpegs.write(root, images=12, classes=3, val_per_class=1, seed=4)
 
 
-def test_the_sizes_are_imagenets_mostly_500_by_375(tmp_path: Path) -> None:
+def test_the_sizes_are_imagenets_mostly_500_by_375() -> None:
     sizes = imagenet_jpegs.image_sizes(20_000, np.random.default_rng(0))
     assert sizes.shape == (20_000, 2) and sizes.min() >= 90 and sizes.max() <= 1200
     assert abs(np.mean((sizes == (500, 375)).all(1)) - 0.45) < 0.02
@@ -52,7 +52,7 @@ def test_the_folder_is_what_the_recipes_loader_reads(jpegs: tuple[Path, dict[str
         with Image.open(path) as file:
             assert file.format == "JPEG"
     assert summary["train"]["images"] == 12 and summary["val"]["images"] == 3
-    assert summary["train"]["mean_kb"] > 20  # photo-like content, not a flat colour (about 110 KB at 500 x 375)
+    assert summary["train"]["mean_kb"] > 20  # photo-like, not flat (about 110 KB at 500 x 375)
     pixels = np.asarray(train.load(0)[0], dtype=np.float32)
     assert pixels.std() > 20  # not flat
 
@@ -62,7 +62,8 @@ def test_the_loader_benchmark_runs_and_writes_its_report(
 ) -> None:
     root, _ = jpegs
     out = tmp_path / "report"
-    argv = [str(root), "--workers", "0", "1", "--batch", "2", "--repeats", "1", "--sample", "3", "--out", str(out)]
+    argv = [str(root), "--workers", "0", "1", "--batch", "2", "--repeats", "1", "--sample", "3"]
+    argv += ["--out", str(out)]
     report = imagenet_loader.main(argv)
     assert json.loads(out.with_suffix(".json").read_text()) == report
     assert report["command"] == "python -m benchmarks.imagenet_loader " + " ".join(argv)
