@@ -5,6 +5,8 @@ and a hub name (datasets.load_dataset monkeypatched to hand back a local dataset
 from __future__ import annotations
 
 import io
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +254,181 @@ def test_image_errors_name_the_dataset_and_what_it_has(tmp_path: Path) -> None:
         image_data.open_split(str(tmp_path / "broken"), "train").load(0)
     with pytest.raises(image_data.DataError, match=r"no such directory, and not a hub name"):
         image_data.open_split(str(tmp_path / "missing"), "train")
+
+
+# Issue 23's "bad inputs" and "each source kind for each script", as a matrix ---------------------
+#
+# Each bad input (an unknown split, a missing column, a language pair the data lacks) of each source
+# kind stops the recipe's reader and the eval script with a message that names the dataset, the split
+# or column, and what is expected or present. The hub is datasets.load_dataset answered from local
+# parquet files by datasets' own parquet loader, so its errors (an unknown split) are the library's.
+
+
+def hub_from_parquet(monkeypatch: pytest.MonkeyPatch, root: Path) -> list[tuple[Any, ...]]:
+    """datasets.load_dataset(name, config, split=...) replaced by the real parquet loader on ``root``'s
+    files of that config (the hub's layout); the calls are recorded."""
+    original, layout = datasets.load_dataset, sources.parquet_layout(root)
+    calls: list[tuple[Any, ...]] = []
+
+    def load_dataset(name: str, config: str | None = None, *, split: str) -> Any:
+        calls.append((name, config, split))
+        files = layout[config] if config else next(iter(layout.values()))  # the only config there is
+        return original("parquet", data_files=files, split=split)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return calls
+
+
+def unlabelled_images(kind: str, root: Path) -> str:
+    """Train and validation splits with an `image` column and no `label` column."""
+    splits = {
+        "train": image_rows(3).remove_columns("label"),
+        "validation": image_rows(3).remove_columns("label"),
+    }
+    if kind == "saved":
+        datasets.DatasetDict(splits).save_to_disk(root)
+        return str(root)
+    (root / "data").mkdir(parents=True)
+    for split, rows in splits.items():
+        rows.to_parquet(root / "data" / f"{split}-00000-of-00001.parquet")
+    return str(root)
+
+
+IMAGE_ERRORS = [
+    ("files", "split"),
+    *((k, p) for k in ("saved", "parquet", "hub") for p in ("split", "column")),
+]
+"""An image folder has no columns: its files are checked by tests/test_imagenet_data.py."""
+
+
+@pytest.mark.parametrize(("kind", "problem"), IMAGE_ERRORS)
+def test_image_reader_and_eval_accuracy_name_the_dataset_the_split_or_column_and_what_is_expected(
+    kind: str,
+    problem: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    local = tmp_path / kind
+    made = unlabelled_images if problem == "column" else image_dataset
+    path = made("parquet" if kind == "hub" else kind, local)
+    if kind == "hub":
+        path, calls = "ILSVRC/imagenet-1k", hub_from_parquet(monkeypatch, local)
+    split = "test" if problem == "split" else "validation"
+    column = f"{path} (split validation): no column 'label' (expected a class index per row (a ClassLabel));"
+    expected = {
+        ("files", "split"): re.escape(f"{local / 'test'}: no such folder (expected split 'test' as a folder ")
+        + re.escape(f"with one sub-folder of images per class; {local} has train, validation)"),
+        ("saved", "split"): re.escape(f"{local}: no split 'test'; it has train, validation"),
+        ("parquet", "split"): re.escape(f"{local / 'data'}: no split 'test'; it has train, validation"),
+        ("hub", "split"): r"ILSVRC/imagenet-1k \(split test\): not a local directory, so read as a hub name, "
+        + r".*Unknown split \"test\"\. Should be one of \['train', 'validation'\]",
+    }.get((kind, problem), re.escape(column) + " it has image")
+    with pytest.raises(image_data.DataError, match=expected):
+        image_data.open_split(path, split)
+    with pytest.raises(SystemExit) as stopped:  # the command line, in this process: data errors exit 3
+        contract.main(accuracy.parser(), accuracy._evaluate, ["unused", "--data", path, "--split", split])
+    assert stopped.value.code == 3
+    assert re.search("error: " + expected, capsys.readouterr().err)
+    if kind == "hub":
+        assert calls == [("ILSVRC/imagenet-1k", None, split)] * 2
+
+
+def text_without_translations(kind: str, root: Path) -> str:
+    """A `test` split with a `text` column instead of `translation` (parquet: in a de-en config)."""
+    text = datasets.Dataset.from_dict({"text": ["a", "b"]})
+    if kind == "saved":
+        datasets.DatasetDict({"test": text}).save_to_disk(root)
+        return str(root)
+    (root / "de-en").mkdir(parents=True)
+    text.to_parquet(root / "de-en" / "test-00000-of-00001.parquet")
+    return str(root)
+
+
+TEXT_ERRORS = [(k, p) for k in ("files", "saved", "parquet", "hub") for p in ("split", "column", "pair")]
+TEXT_ERRORS.remove(("files", "column"))  # plain text files have no columns
+
+
+@pytest.mark.parametrize(("kind", "problem"), TEXT_ERRORS)
+def test_translation_reader_and_eval_bleu_name_the_dataset_the_split_column_or_pair_and_what_is_expected(
+    kind: str,
+    problem: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    local = tmp_path / kind
+    if problem == "column":
+        path = text_without_translations("parquet" if kind == "hub" else kind, local)
+    elif kind == "files":
+        path = str(write_test_set(local))
+    elif kind == "saved":
+        path = str(saved_translations(local))
+    else:
+        path = str(parquet_translations(local))
+    if kind == "hub":
+        path, calls = "wmt/wmt14", hub_from_parquet(monkeypatch, local)
+    split = "dev" if problem == "split" else "test"
+    tgt = {"files": "fr", "saved": "fr", "parquet": "cs", "hub": "ja"}[kind] if problem == "pair" else "de"
+    expected = {
+        ("files", "split"): re.escape(f"missing data file {local / 'dev.en'} (or dev.en.gz): ")
+        + r".*there is no dev\.\* file",
+        ("files", "pair"): re.escape(f"missing data file {local / 'test.fr'} (or test.fr.gz): ")
+        + ".*test exists in de, en",
+        ("saved", "split"): re.escape(f"{local}: no split 'dev'; it has test, train"),
+        ("saved", "column"): re.escape(f"{local} (split test): no column 'translation' (expected a "),
+        ("saved", "pair"): re.escape(
+            f"{local} (split test): its translation column has no fr; it has de, en"
+        ),
+        ("parquet", "split"): re.escape(f"{local / 'de-en'}: no split 'dev'; it has test, train"),
+        ("parquet", "column"): re.escape(f"{local} (split test): no column 'translation' (expected a "),
+        ("parquet", "pair"): re.escape(
+            f"unknown language pair en-cs for {local}: expected one of de-en, fr-en"
+        ),
+        ("hub", "split"): re.escape("wmt/wmt14 (config de-en, split dev): not a local directory, so read as")
+        + r".*Unknown split \"dev\"\. Should be one of \['test', 'train'\]",
+        ("hub", "column"): re.escape("wmt/wmt14 (split test): no column 'translation' (expected a "),
+        ("hub", "pair"): re.escape(
+            "unknown language pair en-ja for wmt/wmt14: expected one of cs-en, de-en,"
+        ),
+    }[(kind, problem)]
+    with pytest.raises(text_data.DataError, match=expected):
+        text_data.read_split(path, split, "en", tgt)
+    argv = ["unused", "--data", path, "--split", split, "--src", "en", "--tgt", tgt]
+    with pytest.raises(SystemExit) as stopped:  # the command line, in this process: data errors exit 3
+        contract.main(bleu.parser(), bleu._evaluate, argv)
+    assert stopped.value.code == 3
+    assert re.search("error: " + expected, capsys.readouterr().err)
+    if kind == "hub" and problem != "pair":  # an unknown pair stops before anything is loaded
+        assert calls == [("wmt/wmt14", "de-en", split)] * 2
+
+
+@pytest.mark.parametrize("kind", ["parquet", "hub"])
+def test_image_recipe_trains_and_eval_accuracy_scores_on_imagenet_1k_layout(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``data=ILSVRC/imagenet-1k data.val_split=validation``, the README's command, on parquet files in
+    the hub's layout (`image`, `label` columns): the recipe's whole loading path (both splits, the
+    training transform, a loader worker holding the datasets table), one step, an evaluation, a
+    checkpoint that eval.accuracy scores on the same data."""
+    pytest.importorskip("accelerate", reason="the recipes need pip install '.[recipes]'")
+    pytest.importorskip("tensorboard", reason="the recipes log to TensorBoard")
+    from recipes.imagenet import train as image_train
+
+    path = image_dataset("parquet", tmp_path / "parquet")
+    if kind == "hub":
+        path, calls = "ILSVRC/imagenet-1k", hub_from_parquet(monkeypatch, tmp_path / "parquet")
+    run = tmp_path / "run"
+    image_train.main([
+        "--preset", "mnist-resnet-small-allreduce", f"data={path}", "data.val_split=validation",
+        "data.num_workers=1", "data.image_size=16", "model.embedding_size=8",
+        "model.hidden_sizes=[8, 8, 8, 8]", "train.global_batch=2", "train.val_batch=3", "train.max_steps=1",
+        "train.mixed_precision=no", f"train.output_dir={run}",
+    ])  # fmt: skip
+    evaluation = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert evaluation["step"] == 1 and 0.0 <= evaluation["top1"] <= 1.0
+    argv = [str(run / "step-1"), "--data", path, "--split", "validation", "--batch-size", "2"]
+    result = contract.main(accuracy.parser(), accuracy._evaluate, argv)
+    assert result["images"] == 3 and result["classes"] == 3 and result["label_mapping"] == "names"
+    if kind == "hub":  # training reads both splits, eval.accuracy the validation split
+        assert calls == [("ILSVRC/imagenet-1k", None, s) for s in ("train", "validation", "validation")]

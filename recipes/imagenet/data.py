@@ -80,8 +80,12 @@ class ImageFolder:
     def __init__(self, split_dir: str | Path) -> None:
         self.root = Path(split_dir)
         if not self.root.is_dir():
-            raise DataError(f"{self.root}: no such folder (expected one sub-folder of images per class)")
-        class_dirs = sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+            splits = [p.name for p in _folders(self.root.parent)]
+            raise DataError(
+                f"{self.root}: no such folder (expected split {self.root.name!r} as a folder with one "
+                f"sub-folder of images per class; {self.root.parent} has {', '.join(splits) or 'no folders'})"
+            )
+        class_dirs = _folders(self.root)
         if not class_dirs:
             raise DataError(f"{self.root}: no class folders in it (expected {self.root}/CLASS/IMAGE.jpg)")
         self.classes = [p.name for p in class_dirs]
@@ -110,6 +114,15 @@ class ImageFolder:
                 f"{path}: cannot read this image ({type(error).__name__}: {error}). Training stops rather "
                 "than skip it; fix or delete the file, then resume from the last checkpoint."
             ) from None
+
+
+def _folders(path: Path) -> list[Path]:
+    """The sub-folders of ``path`` in sorted order, hidden ones left out; none if it is no folder."""
+    return (
+        sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if path.is_dir()
+        else []
+    )
 
 
 class DatasetImages:
