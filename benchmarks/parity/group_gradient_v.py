@@ -14,7 +14,9 @@ forward/backward like them. When the sum arrives (next step), with ``gbar`` the 
 
 (``E[gbar^2] = mu^2 + sigma^2 / q`` and ``E[g_i^2 - gbar^2] = sigma^2 (1 - 1/q)``; on a group of all
 ``n`` ranks ``z`` is All-Reduce's ``gbar^2`` itself.) Until the first group gradient arrives the
-step is ``second_moment="all_ranks"``'s. The momentum stays the rank's own. Run it like the recipe::
+step is ``second_moment="all_ranks"``'s. The momentum stays the rank's own. With
+``DECENTADAM_MIX_WEIGHT`` set, the mixing is also lazy (:mod:`benchmarks.parity.lazy_mixing`). Run it
+like the recipe::
 
     accelerate launch --multi_gpu --num_processes 4 -m benchmarks.parity.group_gradient_v \\
         --preset multi30k-en-de --optimizer decentralized data=MULTI30K train.max_steps=400
@@ -110,7 +112,15 @@ def main() -> None:
     from recipes.common.config import ConfigError
     from recipes.translation import data, train
 
-    decentadam.DecentralizedAdam = GroupGradientAdam  # type: ignore[misc]  # what build_optimizer builds
+    optimizer: type[decentadam.DecentralizedAdam] = GroupGradientAdam
+    if "DECENTADAM_MIX_WEIGHT" in os.environ:  # with lazy mixing as well
+        from benchmarks.parity.lazy_mixing import LazyMixingAdam
+
+        class GroupGradientLazyAdam(GroupGradientAdam, LazyMixingAdam):
+            pass
+
+        optimizer = GroupGradientLazyAdam
+    decentadam.DecentralizedAdam = optimizer  # type: ignore[misc]  # what build_optimizer builds
     cli.exit_on_bad_input(train.main, (ConfigError, data.DataError))
 
 
