@@ -78,20 +78,35 @@ def loss_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(model(x), x[:, :2].sin())
 
 
+def train(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    rank: int,
+    steps: int,
+    gradients: list[torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
+    """The weights after each of ``steps`` steps on this rank's batches (and, if asked, each step's
+    gradient in the optimizer's bucket order)."""
+    weights = []
+    for step in range(steps):
+        generator = torch.Generator().manual_seed(100 * rank + step)
+        x = torch.randn(8, 4, generator=generator, dtype=torch.float64)
+        optimizer.zero_grad()
+        loss_of(model, x).backward()
+        if gradients is not None:
+            gradients.append(torch.cat([p.grad.reshape(-1) for p in reversed(list(model.parameters()))]))
+        optimizer.step()
+        weights.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    return weights
+
+
 def mean_weights_worker(rank: int, world_size: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for hooked in (False, True):
         model = make_model()
         optimizer = DecentralizedAdam(model.parameters(), lr=LR, betas=BETAS, eps=EPS, topology="complete")
         handle = install() if hooked else None
-        weights = []
-        for step in range(6):
-            generator = torch.Generator().manual_seed(100 * rank + step)
-            x = torch.randn(8, 4, generator=generator, dtype=torch.float64)
-            optimizer.zero_grad()
-            loss_of(model, x).backward()
-            optimizer.step()
-            weights.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        weights = train(model, optimizer, rank, 6)
         if handle is not None:
             handle.remove()
         optimizer.close()
@@ -118,14 +133,8 @@ def group_gradient_worker(rank: int, world_size: int) -> dict[str, Any]:
     os.environ["DECENTADAM_V_EVERY"] = "1"
     model = make_model()
     optimizer = GroupGradientAdam(model.parameters(), lr=LR, betas=BETAS, eps=EPS, topology="complete")
-    gradients = []
-    for step in range(5):
-        generator = torch.Generator().manual_seed(100 * rank + step)
-        x = torch.randn(8, 4, generator=generator, dtype=torch.float64)
-        optimizer.zero_grad()
-        loss_of(model, x).backward()
-        gradients.append(torch.cat([p.grad.reshape(-1) for p in reversed(list(model.parameters()))]))
-        optimizer.step()
+    gradients: list[torch.Tensor] = []
+    train(model, optimizer, rank, 5, gradients)
     first = next(iter(reversed(list(model.parameters()))))  # the first parameter of the one bucket
     state = optimizer.state[first]
     optimizer.close()
@@ -160,14 +169,7 @@ def lazy_worker(rank: int, world_size: int) -> dict[str, Any]:
         os.environ["DECENTADAM_MIX_WEIGHT"] = alpha
         model = make_model()
         optimizer = LazyMixingAdam(model.parameters(), lr=LR, betas=BETAS, eps=EPS, topology="complete")
-        sent = []
-        for step in range(3):
-            generator = torch.Generator().manual_seed(100 * rank + step)
-            x = torch.randn(8, 4, generator=generator, dtype=torch.float64)
-            optimizer.zero_grad()
-            loss_of(model, x).backward()
-            optimizer.step()
-            sent.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        sent = train(model, optimizer, rank, 3)
         optimizer.wait_for_exchanges()
         out[alpha] = sent
         optimizer.close()

@@ -48,14 +48,11 @@ def group_gradient_update(
     for p in params:
         st = state[p]
         t = moments.advance(st, p, group)
-        own = st["exp_avg_sq"] / (1.0 - beta2**t)
         if st.get("group_updates", 0) > 0:
             decay = beta2 ** (group["v_every"] * st["group_updates"])
-            v = torch.maximum(st["group_sq"] / (1.0 - decay), own / n)
-        elif t > 1 and n > 1:
-            v = torch.maximum(own - (1.0 - 1.0 / n) * st["noise_sq"] / (1.0 - beta2 ** (t - 1)), own / n)
+            v = torch.maximum(st["group_sq"] / (1.0 - decay), st["exp_avg_sq"] / (1.0 - beta2**t) / n)
         else:
-            v = own
+            v = moments.corrected_v(st, group, t)
         p.addcdiv_(st["exp_avg"], v.sqrt_().add_(group["eps"]), value=-group["lr"] / (1.0 - beta1**t))
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["advance", "pull", "rank_noise"]
+__all__ = ["advance", "corrected_v", "pull", "rank_noise"]
 
 
 @torch.no_grad()
@@ -30,6 +30,17 @@ def advance(st: dict[str, Any], param: Tensor, group: dict[str, Any], *extra: st
     st["exp_avg"].lerp_(grad, 1.0 - beta1)
     st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
     return t
+
+
+def corrected_v(st: dict[str, Any], group: dict[str, Any], t: int) -> Tensor:
+    """``second_moment="all_ranks"``'s ``v``: ``max(V_hat - (1 - 1/n) S_hat, V_hat / n)`` (``V_hat`` at
+    the first step, or with ``n = 1``), a new tensor."""
+    beta2 = group["betas"][1]
+    n = group.get("noise_ranks", 1)
+    own: Tensor = st["exp_avg_sq"] / (1.0 - beta2**t)
+    if t > 1 and n > 1:
+        return torch.maximum(own - (1.0 - 1.0 / n) * st["noise_sq"] / (1.0 - beta2 ** (t - 1)), own / n)
+    return own
 
 
 def rank_noise(st: dict[str, Any], grad: Tensor, beta1: float, t: int) -> Tensor:

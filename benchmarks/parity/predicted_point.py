@@ -44,15 +44,11 @@ def predicted_update(
 ) -> None:
     """The ``all_ranks`` AccumAdamW step (accum_steps 1); leaves in ``state[p]["pull"]`` the part of
     the step that is the rank's own noise, ``lr * D * (1 - rho) * (1 - 1/n)``."""
-    beta1, beta2 = group["betas"]
-    n = group.get("noise_ranks", 1)
+    beta1 = group["betas"][0]
     for p in params:
         st = state[p]
         t = moments.advance(st, p, group)
-        own = st["exp_avg_sq"] / (1.0 - beta2**t)
-        v = own
-        if t > 1 and n > 1:
-            v = torch.maximum(own - (1.0 - 1.0 / n) * st["noise_sq"] / (1.0 - beta2 ** (t - 1)), own / n)
+        v = moments.corrected_v(st, group, t)
         direction = st["exp_avg"] / (1.0 - beta1**t) / v.sqrt_().add_(group["eps"])
         p.sub_(direction, alpha=group["lr"])
         st["pull"] = moments.pull(st, direction, group, t)
