@@ -35,6 +35,7 @@ from torch import Tensor
 
 import decentadam
 from benchmarks.parity import moments
+from benchmarks.parity.predicted_point import PredictedPointAdam
 from decentadam.buckets import Bucket
 from decentadam.collectives import Handle
 
@@ -62,7 +63,7 @@ def gossip_v_update(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], 
         st["pull"] = moments.pull(st, direction, group, t)
 
 
-class GossipVAdam(decentadam.DecentralizedAdam):
+class GossipVAdam(PredictedPointAdam):
     """``DecentralizedAdam`` with the gossiped ``C`` and the predicted point (above)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -77,7 +78,6 @@ class GossipVAdam(decentadam.DecentralizedAdam):
         return [self.state[p]["shared_sq"] for p in bucket.params if "shared_sq" in self.state[p]]
 
     def _step_bucket(self, bucket: Bucket) -> None:
-        params = [p for p in bucket.params if p.grad is not None]
         exchange = self._v_exchanges.pop(id(bucket), None)
         if exchange is not None:  # C_i <- mean of the group's C (sent at the end of the last step)
             handle, total, size = exchange
@@ -86,14 +86,7 @@ class GossipVAdam(decentadam.DecentralizedAdam):
             for shared in self._shared(bucket):
                 shared.copy_(total[offset : offset + shared.numel()].view_as(shared)).div_(size)
                 offset += shared.numel()
-        if bucket.pending_size <= 1:  # no exchange to overwrite the point: go back to what was sent
-            for p in params:
-                if "pull" in self.state[p]:
-                    p.sub_(self.state[p]["pull"])
-        super()._step_bucket(bucket)  # mix, local step, send the parameters
-        if self.point:
-            for p in params:
-                p.add_(self.state[p]["pull"])
+        super()._step_bucket(bucket)  # mix, local step, send the parameters, move to the point
         step = self._step + 1
         group = self.topology.group_of(self.rank, step)
         buffers = self._shared(bucket)

@@ -57,21 +57,23 @@ def predicted_update(
 class PredictedPointAdam(decentadam.DecentralizedAdam):
     """``DecentralizedAdam`` that sends its step and computes at the predicted point (above)."""
 
+    point = True  # False: compute at the weights sent, as DecentralizedAdam does
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("second_moment", "all_ranks") == "all_ranks":
             kwargs.setdefault("local_update", predicted_update)
         super().__init__(*args, **kwargs)
 
     def _step_bucket(self, bucket: Bucket) -> None:
-        params = [p for p in bucket.params if p.grad is not None]
-        if bucket.pending_size <= 1:  # no exchange to overwrite the point: go back to what was sent
+        params = [p for p in bucket.params if p.grad is not None and "pull" in self.state[p]]
+        if self.point and bucket.pending_size <= 1:  # nothing overwrites the point: back to what was sent
             for p in params:
-                if "pull" in self.state[p]:
-                    p.sub_(self.state[p]["pull"])
+                p.sub_(self.state[p]["pull"])
         super()._step_bucket(bucket)  # mix, local step, send
-        for p in params:
-            if "pull" in self.state[p]:
-                p.add_(self.state[p]["pull"])
+        if self.point:
+            for p in bucket.params:
+                if p.grad is not None and "pull" in self.state[p]:
+                    p.add_(self.state[p]["pull"])
 
 
 def main() -> None:
