@@ -126,7 +126,10 @@ def test_allreduce_baseline_learns_and_refuses_a_second_start(digits: Path, tmp_
 @pytest.mark.timeout(300)
 def test_a2cid2_run_learns_asynchronously_and_checkpoints_the_consensus(digits: Path, tmp_path: Path) -> None:
     run = tmp_path / "a2cid2"
-    common = ["--preset", "mnist-resnet-small-a2cid2", f"data={digits}", "--output-dir", str(run), *LEARNS]
+    common = [
+        "--preset", "mnist-resnet-small-a2cid2", f"data={digits}", "--output-dir", str(run), *LEARNS,
+        "optim.lr=0.4",  # the preset's 0.1 is for 465 steps: over 40 its top-1 ranged 0.225-0.5
+    ]  # fmt: skip
     output = succeeded(train(*common))
     assert "a2cid2 (sgd, peak lr" in output
     meta = json.loads((run / "step-40" / "decentadam" / "meta.json").read_text())
