@@ -1,4 +1,4 @@
-"""The parity probes of benchmarks.parity (mean_weights, shared_v, predicted_point, gossip_v).
+"""The parity probes of benchmarks.parity (mean_weights, shared_v, predicted_point, gossip_v, v_oracle).
 
 Each probe changes one thing about ``DecentralizedAdam(second_moment="all_ranks")``; these tests
 pin what the measurements in docs/parity.md rely on: on one rank every probe's update is AdamW's,
@@ -19,11 +19,17 @@ from benchmarks.parity.gossip_v import gossip_v_update
 from benchmarks.parity.mean_weights import install
 from benchmarks.parity.predicted_point import predicted_update
 from benchmarks.parity.shared_v import shared_v_update
+from benchmarks.parity.v_oracle import v_oracle_update
 from decentadam import AccumAdamW, DecentralizedAdam
 from tests.distributed_harness import run_distributed
 
 BETAS, EPS, LR, WD = (0.9, 0.98), 1e-9, 1e-2, 0.01
-UPDATES = {"shared_v": shared_v_update, "predicted_point": predicted_update, "gossip_v": gossip_v_update}
+UPDATES = {
+    "shared_v": shared_v_update,
+    "predicted_point": predicted_update,
+    "gossip_v": gossip_v_update,
+    "v_oracle": v_oracle_update,
+}
 
 
 def run(update: Any, noise_ranks: int, steps: int = 15) -> tuple[list[torch.Tensor], dict[str, Any]]:
@@ -185,3 +191,28 @@ def test_lazy_mixing_moves_half_way_to_the_mean() -> None:
     spread_full = float((full[0][2] - full[1][2]).norm())
     spread_lazy = float((lazy[0][2] - lazy[1][2]).norm())
     assert spread_lazy > 1.2 * spread_full > 0
+
+
+def v_oracle_worker(rank: int, world_size: int) -> dict[str, Any]:
+    from benchmarks.parity.v_oracle import VOracleAdam
+
+    model = make_model()
+    optimizer = VOracleAdam(model.parameters(), lr=LR, betas=BETAS, eps=EPS, topology="ring")
+    gradients: list[torch.Tensor] = []
+    train(model, optimizer, rank, 4, gradients)
+    first = next(iter(reversed(list(model.parameters()))))  # the first parameter of the one bucket
+    state = optimizer.state[first]
+    optimizer.close()
+    return {"gradients": gradients, "oracle_sq": state["oracle_sq"].reshape(-1)}
+
+
+def test_v_oracle_divides_by_the_second_moment_of_the_all_reduced_gradient() -> None:
+    """Every rank holds All-Reduce's V of this step's mean gradient, on any graph."""
+    results = run_distributed(v_oracle_worker, 2)
+    beta2 = BETAS[1]
+    expected = torch.zeros_like(results[0]["oracle_sq"])
+    for step in range(4):
+        mean = sum(r["gradients"][step] for r in results) / 2
+        expected = beta2 * expected + (1 - beta2) * mean[: expected.numel()].square()
+    for result in results:
+        torch.testing.assert_close(result["oracle_sq"], expected, rtol=1e-12, atol=1e-15)
