@@ -19,6 +19,10 @@ Inputs (all measurable without running the training job itself)
 ``U_ar``     time of the optimizer step after All-Reduce (AdamW on the whole model), ``U_dec`` time of
              DecentralizedAdam's step (mix + AccumAdamW + copy into the send buffer). Both are local,
              memory-bandwidth-bound work; measure them once for the model on the target hardware.
+``G, k``     with ``second_moment="group_gradient"``: the bytes of one gradient sum (``numel * 4``: the
+             bf16-rounded gradient in a float32 buffer) that DecentralizedAdam sends with the
+             parameters to the group of every ``k``-th step; a step whose exchange carries it sums
+             ``S + G`` bytes instead of ``S``, so ``G / k`` more per step on average.
 
 Communication: one group sum is a ring all-reduce (gloo and NCCL both use rings for large buffers)
 --------------------------------------------------------------------------------------------------
@@ -190,10 +194,19 @@ class Workload:
     """Per-rank multipliers of C (a straggler: (1, 2, 1, ...)); empty: all ranks equal."""
     hierarchical: bool = False
     """Whether DecentralizedAdam sums multi-node groups hierarchically (it does on gloo, not on NCCL)."""
+    gradient_bytes: float = 0.0
+    """G: bytes of the gradient sum of ``second_moment="group_gradient"`` (``numel * 4``), sent with
+    the parameters every ``v_every`` steps; 0: another second moment, no gradient is sent."""
+    v_every: int = 2
+    """k: DecentralizedAdam's ``v_every``, the steps between two gradient sums."""
 
     def __post_init__(self) -> None:
         if not self.param_bytes > 0:
             raise ValueError(f"param_bytes must be > 0, got {self.param_bytes}")
+        if not self.gradient_bytes >= 0:
+            raise ValueError(f"gradient_bytes must be >= 0, got {self.gradient_bytes}")
+        if self.v_every < 1:
+            raise ValueError(f"v_every must be >= 1, got {self.v_every}")
         for name in ("compute_s", "update_s", "allreduce_update_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -209,6 +222,15 @@ class Workload:
     def compute_of(self, rank: int) -> float:
         scale = self.compute_scale[rank] if rank < len(self.compute_scale) else 1.0
         return self.compute_s * scale
+
+    def exchange_bytes(self, step: int) -> float:
+        """Bytes one rank sums with the group of ``step``: the parameters, and every ``v_every``-th
+        step the gradient of ``second_moment="group_gradient"``."""
+        return self.param_bytes + (self.gradient_bytes if step % self.v_every == 0 else 0.0)
+
+    def rounds(self, topology: Topology) -> int:
+        """Steps after which the topology's groups and the gradient sums repeat."""
+        return math.lcm(topology.period, self.v_every) if self.gradient_bytes else topology.period
 
 
 @dataclass(frozen=True)
@@ -332,9 +354,10 @@ def _simulate_gossip(
     buckets = max(1, math.ceil(work.param_bytes / work.bucket_bytes))
     u = update_s / buckets
     f = work.forward_fraction
+    cycle = work.rounds(topology)
     comm = [
-        group_phase_times(topology.groups(t), cluster, work.param_bytes, work.hierarchical)
-        for t in range(topology.period)
+        group_phase_times(topology.groups(t), cluster, work.exchange_bytes(t), work.hierarchical)
+        for t in range(cycle)
     ]
     ends = [[0.0] * n]
     done = [[0.0] * n for _ in range(buckets)]  # done[k][i]: rank i updated bucket k (exchange starts)
@@ -346,7 +369,7 @@ def _simulate_gossip(
         ]
         arrived = [[0.0] * n for _ in range(buckets)]
         for k in range(buckets):
-            for group, phases in comm[t % topology.period].items():
+            for group, phases in comm[t % cycle].items():
                 if len(group) > 1:
                     began = max(max(done[k][j], channel[j]) for j in group)
                     for i in group:
@@ -399,19 +422,23 @@ def predict(method: str, cluster: Cluster, work: Workload, periods: int = 8) -> 
         bound = _simulate_allreduce(cluster, work, 0.0, steps)
     else:
         topology = build(method, n, cluster.ranks_per_node)
-        steps = max(48, topology.period * periods)  # the slope is taken over the second half
+        steps = max(48, work.rounds(topology) * periods)  # the slope is taken over the second half
         iteration = _simulate_gossip(topology, cluster, work, work.update_s, steps)
         bound = _simulate_gossip(topology, cluster, work, 0.0, steps)
     comm, sent, inter = 0.0, 0.0, 0.0
-    hierarchical = work.hierarchical and method != ALLREDUCE
-    for t in range(topology.period):
-        times = group_sum_times(topology.groups(t), cluster, work.param_bytes, hierarchical)
+    gossip = method != ALLREDUCE
+    hierarchical = work.hierarchical and gossip
+    cycle = work.rounds(topology) if gossip else topology.period
+    for t in range(cycle):
+        nbytes = work.exchange_bytes(t) if gossip else work.param_bytes
+        times = group_sum_times(topology.groups(t), cluster, nbytes, hierarchical)
         comm += max(times.values())
-        round_sent, round_inter = _round_traffic(topology.rounds[t], cluster, work.param_bytes, hierarchical)
+        round_sent, round_inter = _round_traffic(
+            topology.rounds[t % topology.period], cluster, nbytes, hierarchical
+        )
         sent += round_sent
         inter += round_inter
-    period = topology.period
-    return Prediction(method, iteration, bound, comm / period, inter / period, sent / period)
+    return Prediction(method, iteration, bound, comm / cycle, inter / cycle, sent / cycle)
 
 
 def predict_all(cluster: Cluster, work: Workload, methods: Sequence[str] = METHODS) -> list[Prediction]:
