@@ -80,9 +80,13 @@ class DecentralizedAdam(Optimizer):
     ``"all_ranks"``'s; the momentum stays the rank's own. ``A`` and ``u`` are the state keys
     ``group_sq`` and ``group_updates``; a sum still in flight is waited for and folded into ``A`` by
     :meth:`state_dict`, :meth:`wait_for_exchanges` (so by averaging and checkpoints) and
-    :meth:`close`. Cost: ``A``, and per bucket a bfloat16 copy of the gradient and a float32 send
-    buffer; the sum travels as float32 (the rounded values add exactly), ``numel * 4 / k`` bytes per
-    step on top of the parameters'.
+    :meth:`close`. The sum of a group of two ranks travels in bfloat16, ``gbar = bf16(g_a + g_b) /
+    2``: one rounding, and bitwise the same on both ranks (``a + b`` commutes), for ``numel * 2 / k``
+    bytes per step on top of the parameters' (a quarter of float32 parameters' at ``k = 2``). A
+    larger group's travels in float32, ``numel * 4 / k``: the order in which gloo adds its members
+    is not fixed, and a bfloat16 sum of many values would lose precision. Memory: ``A``, and per
+    bucket a bfloat16 copy of the gradient and a send buffer per group size (bfloat16 for pairs,
+    float32 for larger groups).
 
     Communication overlaps compute: at the end of step ``t`` each bucket of parameters
     (:mod:`decentadam.buckets`) starts an asynchronous sum of ``x_i(t+1)`` over its group of step
@@ -214,7 +218,8 @@ class DecentralizedAdam(Optimizer):
         self._buckets = bucketing.make_buckets(self.param_groups, int(bucket_size_mb * 2**20))
         self._gradient_sums: dict[int, _GradientSum] = {}  # id(bucket) -> its gradient exchange
         if second_moment == "group_gradient" and world_size > 1:
-            self._gradient_sums = {id(b): _GradientSum.of(b) for b in self._buckets}
+            sizes = {len(g) for g in self.topology.distinct_groups() if self.rank in g}
+            self._gradient_sums = {id(b): _GradientSum.of(b, sizes) for b in self._buckets}
         in_buckets = {id(p) for b in self._buckets for p in b.params}
         self._frozen = [p for p in all_params if id(p) not in in_buckets]
         if world_size > 1:
@@ -307,11 +312,12 @@ class DecentralizedAdam(Optimizer):
                 view.zero_()
             else:
                 view.copy_(param.grad)  # rounds to bfloat16
-        exchange.total.copy_(exchange.own)
+        total = exchange.buffer(len(group))
+        total.copy_(exchange.own)
         with self._explain_failure(step, "start", "gradient"):
-            exchange.handle = self.communicator.group_sum(exchange.total, group)
+            exchange.handle = self.communicator.group_sum(total, group)
         exchange.size = len(group)
-        self.stats.bytes_sent += exchange.total.numel() * exchange.total.element_size()
+        self.stats.bytes_sent += total.numel() * total.element_size()
 
     def _fold_gradient_sum(self, bucket: Bucket, timeout: timedelta | None = None) -> None:
         """Wait for the bucket's gradient sum, if one is pending, and fold its z into A (docstring)."""
@@ -322,7 +328,7 @@ class DecentralizedAdam(Optimizer):
         if exchange.handle is not None:
             handle, exchange.handle = exchange.handle, None
             self._wait_for(handle, "gradient", self.timeout if timeout is None else timeout)
-        z = _group_gradient_sq(exchange.total, exchange.own, q, self.world_size)  # (numel,) float32
+        z = _group_gradient_sq(exchange.buffer(q), exchange.own, q, self.world_size)  # (numel,) float32
         group = self.param_groups[bucket.group_index]
         decay = group["betas"][1] ** group["v_every"]
         for param, z_i in zip(bucket.params, views_like(z, bucket.params), strict=True):
@@ -532,22 +538,32 @@ class _GradientSum:
 
     own: Tensor  # (numel,) bfloat16: this rank's gradient as sent, g_i
     own_views: list[Tensor]  # views of ``own`` shaped like the bucket's parameters
-    total: Tensor  # (numel,) float32: ``own`` sent, the group's sum received
+    pair: Tensor | None  # (numel,) bfloat16: ``own`` sent to a group of 2, their sum received
+    wide: Tensor | None  # (numel,) float32: ``own`` sent to a larger group, its sum received
     handle: Handle | None = None  # the sum in flight
-    size: int = 0  # q > 1: ``total`` holds (or will hold) the sum over a group of q ranks
+    size: int = 0  # q > 1: ``buffer(q)`` holds (or will hold) the sum over a group of q ranks
 
     @classmethod
-    def of(cls, bucket: Bucket) -> _GradientSum:
+    def of(cls, bucket: Bucket, sizes: set[int]) -> _GradientSum:
+        """Buffers for the sizes (> 1) of the groups this rank exchanges with."""
         device, numel = bucket.buffer.device, bucket.buffer.numel()
         own = torch.empty(numel, dtype=torch.bfloat16, device=device)
-        total = torch.empty(numel, dtype=torch.float32, device=device)
-        return cls(own, views_like(own, bucket.params), total)
+        pair = torch.empty(numel, dtype=torch.bfloat16, device=device) if 2 in sizes else None
+        wide = torch.empty(numel, dtype=torch.float32, device=device) if max(sizes, default=0) > 2 else None
+        return cls(own, views_like(own, bucket.params), pair, wide)
+
+    def buffer(self, q: int) -> Tensor:
+        """The send buffer of a group of ``q > 1`` ranks (docstring of DecentralizedAdam)."""
+        total = self.pair if q == 2 else self.wide
+        assert total is not None, f"no gradient buffer for a group of {q} ranks"
+        return total
 
 
 def _group_gradient_sq(total: Tensor, own: Tensor, q: int, n: int) -> Tensor:
     """``z = gbar**2 - (g_i**2 - gbar**2) (1/q - 1/n) / (1 - 1/q)`` with ``gbar = total / q`` (in
-    place in ``total``), in float32."""
-    mean = total.div_(q)
+    place in a float32 ``total``; a bfloat16 one, a pair's, is read into a new float32 tensor), in
+    float32."""
+    mean = total.div_(q) if total.dtype == torch.float32 else total.float().div_(q)
     mean_sq = mean.square()
     share = (1.0 / q - 1.0 / n) / (1.0 - 1.0 / q)
     return mean_sq - (own.float().square() - mean_sq) * share

@@ -159,7 +159,8 @@ def simulate(
     """n workers in one process: mix with W(t), then the AccumAdamW formula written out plainly
     (with ``second_moment="all_ranks"``: s = 1 and the noise-corrected second moment, n = world_size;
     with ``"group_gradient:K"`` also the second moment A from the group's gradients of every K-th
-    step, which arrive one step later, rounded to bfloat16 and summed in float32)."""
+    step, which arrive one step later, rounded to bfloat16 and summed in bfloat16 by a pair, in
+    float32 by a larger group)."""
     topology = build(name, world_size, local_world_size)
     models = [make_model(seed=100) for _ in range(world_size)]  # rank 0's initialisation everywhere
     decay = [WD if n.endswith("weight") else 0.0 for n, _ in models[0].named_parameters()]
@@ -181,16 +182,20 @@ def simulate(
                 continue
             share = (1 / q - 1 / world_size) / (1 - 1 / q)
             for j, s in enumerate(state[rank]):
-                total = torch.zeros_like(sent[rank][j])  # float32
-                for member in members:
-                    total = total + sent[member][j]
+                if q == 2:  # bf16(a + b), as torch adds two bfloat16 tensors
+                    total = (sent[members[0]][j] + sent[members[1]][j]).float()
+                else:
+                    total = torch.zeros_like(sent[rank][j], dtype=torch.float32)
+                    for member in members:
+                        total = total + sent[member][j].float()
                 mean = total / q
-                z = mean.square() - (sent[rank][j].square() - mean.square()) * share
+                own = sent[rank][j].float()
+                z = mean.square() - (own.square() - mean.square()) * share
                 s["A"] = beta2**v_every * s["A"] + (1 - beta2**v_every) * z.double()
                 s["u"] += 1
         sent = None
         if v_every and (step + 1) % v_every == 0:  # sent with the parameters, to the group of the next step
-            sent = [[g.to(torch.bfloat16).float() for g in rank_grads] for rank_grads in grads]
+            sent = [[g.to(torch.bfloat16) for g in rank_grads] for rank_grads in grads]
         mixed = topology.mixing_matrix(step) @ torch.stack([flat(m) for m in models])  # (n, numel)
         t = step + 1
         k = math.ceil(t / accum_steps)
@@ -244,11 +249,15 @@ def test_matches_simulation_of_n_workers(world_size: int, configs: list[Config])
         if name != "complete":
             assert distance > 0, f"{label}: ranks with different data should not agree exactly"
         every = second_moment.partition(":")[2]
-        if every and ":" not in overlap:  # float64 parameters every step, float32 gradients every K-th
+        if every and ":" not in overlap:  # float64 parameters every step, gradients every K-th:
             topology, numel = build(name, world_size, local_world_size), expected.shape[1]
-            for r in range(world_size):
-                sent = [t for t in range(1, STEPS + 1) if len(topology.group_of(r, t)) > 1]
-                want = sum(numel * 8 + (numel * 4 if t % int(every) == 0 else 0) for t in sent)
+            for r in range(world_size):  # bfloat16 to a pair, float32 to a larger group
+                sizes = [(t, len(topology.group_of(r, t))) for t in range(1, STEPS + 1)]
+                want = sum(
+                    numel * 8 + (numel * (2 if q == 2 else 4) if t % int(every) == 0 else 0)
+                    for t, q in sizes
+                    if q > 1
+                )
                 assert per_rank[r][index]["bytes_sent"] == want, label
 
 

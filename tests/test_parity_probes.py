@@ -151,12 +151,14 @@ def group_gradient_worker(rank: int, world_size: int) -> dict[str, Any]:
 
 def test_group_gradient_v_on_all_ranks_is_allreduces_second_moment() -> None:
     """On a group of all n ranks the estimate is the EMA of the mean gradient's square: All-Reduce's
-    V (each step's mean arriving one step later, rounded to bfloat16)."""
+    V (each step's mean arriving one step later: a pair's sum of the bfloat16-rounded gradients,
+    rounded to bfloat16)."""
     results = run_distributed(group_gradient_worker, 2)
     beta2 = BETAS[1]
     expected = torch.zeros_like(results[0]["group_sq"])
     for step in range(5):  # close() folds in the fifth step's gradients, which were in flight
-        mean = sum(r["gradients"][step].to(torch.bfloat16).double() for r in results) / 2
+        a, b = (r["gradients"][step].to(torch.bfloat16) for r in results)
+        mean = (a + b).double() / 2
         expected = beta2 * expected + (1 - beta2) * mean[: expected.numel()].square()
     for result in results:
         assert result["updates"] == 5
