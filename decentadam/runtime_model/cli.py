@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--v-every",
         type=_count,
         default=None,
-        help="second_moment='group_gradient': a float32 gradient sum with the parameters every K steps",
+        help="second_moment='group_gradient': a gradient sum with the parameters every K steps "
+        "(bfloat16 in a pair, float32 in a larger group)",
     )
     parser.add_argument(
         "--straggler",
@@ -208,7 +209,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Cluster, Workload]:
         update_overlaps_comm=not args.update_blocks_comm,
         compute_scale=scale,
         hierarchical=args.hierarchical,
-        gradient_bytes=args.params * 4 if args.v_every else 0.0,  # bf16 values in a float32 buffer
+        gradient_values=args.params if args.v_every else 0.0,
         v_every=args.v_every or 2,
     )
     return cluster, work

@@ -19,10 +19,11 @@ Inputs (all measurable without running the training job itself)
 ``U_ar``     time of the optimizer step after All-Reduce (AdamW on the whole model), ``U_dec`` time of
              DecentralizedAdam's step (mix + AccumAdamW + copy into the send buffer). Both are local,
              memory-bandwidth-bound work; measure them once for the model on the target hardware.
-``G, k``     with ``second_moment="group_gradient"``: the bytes of one gradient sum (``numel * 4``: the
-             bf16-rounded gradient in a float32 buffer) that DecentralizedAdam sends with the
-             parameters to the group of every ``k``-th step; a step whose exchange carries it sums
-             ``S + G`` bytes instead of ``S``, so ``G / k`` more per step on average.
+``P, k``     with ``second_moment="group_gradient"``: the values of one gradient sum (``P = numel``)
+             that DecentralizedAdam sends with the parameters to the group of every ``k``-th step;
+             a group of two sums them in bfloat16 (``G = 2 P`` bytes), a larger group in float32
+             (``G = 4 P``). A step whose exchange carries it sums ``S + G`` bytes instead of ``S``,
+             so ``G / k`` more per step on average.
 
 Communication: one group sum is a ring all-reduce (gloo and NCCL both use rings for large buffers)
 --------------------------------------------------------------------------------------------------
@@ -106,7 +107,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from decentadam.collectives import node_layout
@@ -194,17 +195,18 @@ class Workload:
     """Per-rank multipliers of C (a straggler: (1, 2, 1, ...)); empty: all ranks equal."""
     hierarchical: bool = False
     """Whether DecentralizedAdam sums multi-node groups hierarchically (it does on gloo, not on NCCL)."""
-    gradient_bytes: float = 0.0
-    """G: bytes of the gradient sum of ``second_moment="group_gradient"`` (``numel * 4``), sent with
-    the parameters every ``v_every`` steps; 0: another second moment, no gradient is sent."""
+    gradient_values: float = 0.0
+    """P: values of the gradient sum of ``second_moment="group_gradient"`` (``numel``), sent with the
+    parameters every ``v_every`` steps, 2 bytes each to a group of two (bfloat16), 4 to a larger one
+    (float32); 0: another second moment, no gradient is sent."""
     v_every: int = 2
     """k: DecentralizedAdam's ``v_every``, the steps between two gradient sums."""
 
     def __post_init__(self) -> None:
         if not self.param_bytes > 0:
             raise ValueError(f"param_bytes must be > 0, got {self.param_bytes}")
-        if not self.gradient_bytes >= 0:
-            raise ValueError(f"gradient_bytes must be >= 0, got {self.gradient_bytes}")
+        if not self.gradient_values >= 0:
+            raise ValueError(f"gradient_values must be >= 0, got {self.gradient_values}")
         if self.v_every < 1:
             raise ValueError(f"v_every must be >= 1, got {self.v_every}")
         for name in ("compute_s", "update_s", "allreduce_update_s"):
@@ -223,14 +225,21 @@ class Workload:
         scale = self.compute_scale[rank] if rank < len(self.compute_scale) else 1.0
         return self.compute_s * scale
 
-    def exchange_bytes(self, step: int) -> float:
-        """Bytes one rank sums with the group of ``step``: the parameters, and every ``v_every``-th
-        step the gradient of ``second_moment="group_gradient"``."""
-        return self.param_bytes + (self.gradient_bytes if step % self.v_every == 0 else 0.0)
+    def exchange_bytes(self, step: int, group: Group) -> float:
+        """Bytes one rank sums with its ``group`` of ``step``: the parameters, and every
+        ``v_every``-th step the gradient of ``second_moment="group_gradient"`` (bfloat16 in a group
+        of two, float32 in a larger one)."""
+        if step % self.v_every:
+            return self.param_bytes
+        return self.param_bytes + self.gradient_values * (2 if len(group) == 2 else 4)
+
+    def round_bytes(self, topology: Topology, step: int) -> dict[Group, float]:
+        """:meth:`exchange_bytes` of each group of ``step``."""
+        return {group: self.exchange_bytes(step, group) for group in topology.groups(step)}
 
     def rounds(self, topology: Topology) -> int:
         """Steps after which the topology's groups and the gradient sums repeat."""
-        return math.lcm(topology.period, self.v_every) if self.gradient_bytes else topology.period
+        return math.lcm(topology.period, self.v_every) if self.gradient_values else topology.period
 
 
 @dataclass(frozen=True)
@@ -257,8 +266,16 @@ def ring_edges(group: Group) -> list[tuple[int, int]]:
     return [(group[i], group[(i + 1) % len(group)]) for i in range(len(group))]
 
 
+Bytes = float | Mapping[Group, float]
+"""What the groups of a round sum: the same bytes for every group, or each group's."""
+
+
+def _bytes_of(nbytes: Bytes, group: Group) -> float:
+    return nbytes if isinstance(nbytes, (int, float)) else nbytes[group]
+
+
 def group_sum_times(
-    groups: Sequence[Group], cluster: Cluster, nbytes: float, hierarchical: bool = False
+    groups: Sequence[Group], cluster: Cluster, nbytes: Bytes, hierarchical: bool = False
 ) -> dict[Group, float]:
     """Seconds until each concurrent group of a round has summed ``nbytes`` (see the module doc).
 
@@ -287,13 +304,13 @@ def _rings(group: Group, cluster: Cluster, nbytes: float, hierarchical: bool) ->
 
 
 def group_phase_times(
-    groups: Sequence[Group], cluster: Cluster, nbytes: float, hierarchical: bool = False
+    groups: Sequence[Group], cluster: Cluster, nbytes: Bytes, hierarchical: bool = False
 ) -> dict[Group, tuple[float, ...]]:
     """Seconds of each phase of each concurrent group's sum: one phase for a flat ring, three for a
     hierarchical sum (reduce-scatter in the nodes, all-reduce across them, all-gather)."""
     out_load = [0.0] * cluster.nodes
     in_load = [0.0] * cluster.nodes
-    phases_of = {group: _rings(group, cluster, nbytes, hierarchical) for group in groups}
+    phases_of = {group: _rings(group, cluster, _bytes_of(nbytes, group), hierarchical) for group in groups}
     for phases in phases_of.values():
         for _, phase in phases:
             for ring, per_edge in phase:
@@ -326,11 +343,11 @@ def group_phase_times(
     return times
 
 
-def _round_traffic(groups: Round, cluster: Cluster, nbytes: float, hierarchical: bool) -> tuple[float, float]:
+def _round_traffic(groups: Round, cluster: Cluster, nbytes: Bytes, hierarchical: bool) -> tuple[float, float]:
     """(mean bytes sent per rank, mean inter-node bytes sent per rank) for one round."""
     sent, inter = 0.0, 0.0
     for group in groups:
-        for _, phase in _rings(group, cluster, nbytes, hierarchical):
+        for _, phase in _rings(group, cluster, _bytes_of(nbytes, group), hierarchical):
             for ring, per_edge in phase:
                 for a, b in ring_edges(ring):
                     sent += per_edge
@@ -356,7 +373,7 @@ def _simulate_gossip(
     f = work.forward_fraction
     cycle = work.rounds(topology)
     comm = [
-        group_phase_times(topology.groups(t), cluster, work.exchange_bytes(t), work.hierarchical)
+        group_phase_times(topology.groups(t), cluster, work.round_bytes(topology, t), work.hierarchical)
         for t in range(cycle)
     ]
     ends = [[0.0] * n]
@@ -430,7 +447,7 @@ def predict(method: str, cluster: Cluster, work: Workload, periods: int = 8) -> 
     hierarchical = work.hierarchical and gossip
     cycle = work.rounds(topology) if gossip else topology.period
     for t in range(cycle):
-        nbytes = work.exchange_bytes(t) if gossip else work.param_bytes
+        nbytes: Bytes = work.round_bytes(topology, t) if gossip else work.param_bytes
         times = group_sum_times(topology.groups(t), cluster, nbytes, hierarchical)
         comm += max(times.values())
         round_sent, round_inter = _round_traffic(
