@@ -71,7 +71,9 @@ class CommStats:
     Attributes:
         wait_seconds: time spent blocked waiting for exchanges to arrive (communication that the
             forward/backward did not hide).
-        bytes_sent: bytes of parameters this rank contributed to group averages.
+        bytes_sent: bytes this rank contributed to group sums: parameters, and with
+            ``second_moment="group_gradient"`` its gradient sums (bfloat16 in a group of two,
+            float32 in a larger one).
         exchanges: number of bucket exchanges started.
         steps: optimizer steps taken by this process (a resume does not add the checkpoint's).
     """

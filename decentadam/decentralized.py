@@ -6,6 +6,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -16,7 +17,7 @@ from torch.optim import Optimizer
 from decentadam import buckets as bucketing
 from decentadam import distributed
 from decentadam.backward import BackwardSchedule
-from decentadam.buckets import AveragedParameters, Bucket
+from decentadam.buckets import AveragedParameters, Bucket, views_like
 from decentadam.collectives import (
     CLOSE_TIMEOUT,
     NO_TIMEOUT,
@@ -24,17 +25,19 @@ from decentadam.collectives import (
     CommStats,
     Communicator,
     ExchangeGroupsReleased,
+    Handle,
     default_communicator,
 )
 from decentadam.optim.accum_adamw import ParamsT, check_group, make_defaults, step_group
 from decentadam.topology import Topology, resolve
 
-__all__ = ["CommStats", "DecentralizedAdam", "LocalUpdate"]
+__all__ = ["SECOND_MOMENTS", "CommStats", "DecentralizedAdam", "LocalUpdate"]
 
 logger = logging.getLogger(__name__)
 
 Overlap = Literal["step", "backward"]
-SecondMoment = Literal["all_ranks", "local"]
+SecondMoment = Literal["all_ranks", "local", "group_gradient"]
+SECOND_MOMENTS: tuple[SecondMoment, ...] = ("all_ranks", "local", "group_gradient")
 LocalUpdate = Callable[[dict[Tensor, dict[str, Any]], dict[str, Any], list[Tensor]], None]
 """``fn(state, group, params)``: update ``params`` (those of one bucket with a gradient) in place."""
 
@@ -60,6 +63,31 @@ class DecentralizedAdam(Optimizer):
     one more buffer per parameter); ``"local"`` keeps each rank's own second moment (DAdam, and with
     ``accum_steps > 1`` the AccumAdam of Wang et al.). docs/parity.md has the measurements.
 
+    ``second_moment="group_gradient"`` estimates it from gradients of the same step instead, which a
+    noise estimate over time cannot separate from the mean gradient's drift (docs/parity.md, section
+    6). Every ``v_every`` (``k``) steps, on steps whose exchange group has more than one member, a
+    rank also sends its gradient, rounded to bfloat16, to that group with its parameters (an
+    asynchronous sum that travels during the next forward/backward like them). When the sum
+    arrives, at the next step, with ``gbar`` the group's mean over its ``q`` ranks and ``g_i`` the
+    rank's own rounded gradient::
+
+        z = gbar**2 - (g_i**2 - gbar**2) * (1/q - 1/n) / (1 - 1/q)   # E[z] = mu^2 + sigma^2 / n
+        A = beta2**k * A + (1 - beta2**k) * z;   u = u + 1
+        v = max(A / (1 - beta2**(k u)), V / (1 - beta2**t) / n)       # in place of all_ranks' v
+
+    (``E[gbar^2] = mu^2 + sigma^2 / q``, ``E[g_i^2 - gbar^2] = sigma^2 (1 - 1/q)``; on a group of all
+    ``n`` ranks ``z`` is ``gbar^2``, All-Reduce's.) Until the first sum arrives the step is
+    ``"all_ranks"``'s; the momentum stays the rank's own. ``A`` and ``u`` are the state keys
+    ``group_sq`` and ``group_updates``; a sum still in flight is waited for and folded into ``A`` by
+    :meth:`state_dict`, :meth:`wait_for_exchanges` (so by averaging and checkpoints) and
+    :meth:`close`. The sum of a group of two ranks travels in bfloat16, ``gbar = bf16(g_a + g_b) /
+    2``: one rounding, and bitwise the same on both ranks (``a + b`` commutes), for ``numel * 2 / k``
+    bytes per step on top of the parameters' (a quarter of float32 parameters' at ``k = 2``). A
+    larger group's travels in float32, ``numel * 4 / k``: the order in which gloo adds its members
+    is not fixed, and a bfloat16 sum of many values would lose precision. Memory: ``A``, and per
+    bucket a bfloat16 copy of the gradient and a send buffer per group size (bfloat16 for pairs,
+    float32 for larger groups).
+
     Communication overlaps compute: at the end of step ``t`` each bucket of parameters
     (:mod:`decentadam.buckets`) starts an asynchronous sum of ``x_i(t+1)`` over its group of step
     ``t+1`` (:mod:`decentadam.collectives`), which travels during the next forward/backward; step
@@ -79,7 +107,10 @@ class DecentralizedAdam(Optimizer):
         lr, betas, eps, weight_decay, accum_steps: AccumAdamW hyper-parameters (see
             :class:`decentadam.AccumAdamW`); ``accum_steps > 1`` needs ``second_moment="local"``.
         second_moment: ``"all_ranks"`` (estimate the second moment of the mean gradient over all
-            ranks) or ``"local"`` (each rank's own); see above.
+            ranks from the rank's own gradients), ``"group_gradient"`` (from the exchange group's
+            gradients) or ``"local"`` (each rank's own); see above.
+        v_every: with ``second_moment="group_gradient"``, send the gradient every ``v_every``
+            (``k``) steps (default 2); not allowed with the others.
         topology: a name for :func:`decentadam.topology.build` or a built :class:`Topology`.
         local_world_size: ranks per node for node-aware topologies ("aer"); default: the
             ``LOCAL_WORLD_SIZE`` environment variable set by torchrun / accelerate launch, else 1.
@@ -113,6 +144,7 @@ class DecentralizedAdam(Optimizer):
         process_group: torch.distributed.ProcessGroup | None = None,
         *,
         second_moment: SecondMoment = "all_ranks",
+        v_every: int | None = None,
         overlap: Overlap = "step",
         foreach: bool | None = None,
         timeout: float | None = None,
@@ -120,14 +152,29 @@ class DecentralizedAdam(Optimizer):
         communicator: Communicator | None = None,
         local_update: LocalUpdate | None = None,
     ) -> None:
-        if second_moment not in ("all_ranks", "local"):
-            raise ValueError(f"second_moment must be 'all_ranks' or 'local', got {second_moment!r}")
-        if second_moment == "all_ranks" and accum_steps > 1:  # checked at any world size
+        if second_moment not in SECOND_MOMENTS:
             raise ValueError(
-                f"second_moment='all_ranks' corrects the second moment of single-step gradients, but "
-                f"accum_steps={accum_steps}: use accum_steps=1 with it, or second_moment='local' to keep "
-                "AccumAdam's accumulation window"
+                f"second_moment must be one of {', '.join(map(repr, SECOND_MOMENTS))}, got {second_moment!r}"
             )
+        if second_moment != "local" and accum_steps > 1:  # checked at any world size
+            raise ValueError(
+                f"second_moment={second_moment!r} estimates the second moment of single-step gradients, "
+                f"but accum_steps={accum_steps}: use accum_steps=1 with it, or second_moment='local' to "
+                "keep AccumAdam's accumulation window"
+            )
+        if v_every is not None and second_moment != "group_gradient":
+            raise ValueError(
+                f"v_every={v_every!r} says how often second_moment='group_gradient' sends the gradient, "
+                f"but second_moment={second_moment!r}: pass second_moment='group_gradient' with it, or "
+                "leave v_every out"
+            )
+        if second_moment == "group_gradient":
+            v_every = 2 if v_every is None else v_every
+            if not (isinstance(v_every, int) and not isinstance(v_every, bool) and v_every >= 1):
+                raise ValueError(
+                    f"v_every must be an integer >= 1 (send the gradient every v_every steps), got "
+                    f"{v_every!r}: use 1 for every step, 2 (the default) for every other step"
+                )
         defaults = make_defaults(lr, betas, eps, weight_decay, accum_steps, foreach)
         if not bucket_size_mb > 0:
             raise ValueError(f"bucket_size_mb must be > 0, got {bucket_size_mb}")
@@ -152,7 +199,8 @@ class DecentralizedAdam(Optimizer):
             local_world_size = min(distributed.env_local_world_size(), world_size)
         self.topology = resolve(topology, world_size, local_world_size)
         self.second_moment: SecondMoment = second_moment
-        self._set_noise_ranks()
+        self._v_every = v_every  # k, for second_moment="group_gradient" only
+        self._set_second_moment()
         self.timeout = NO_TIMEOUT if timeout is None else timedelta(seconds=timeout)
         all_params = [p for group in self.param_groups for p in group["params"]]
         if communicator is None:
@@ -168,6 +216,10 @@ class DecentralizedAdam(Optimizer):
         self._step = 0  # t: completed calls of step()
         self._sync_before_next_step = False  # after a resume, exchange x(t) before stepping
         self._buckets = bucketing.make_buckets(self.param_groups, int(bucket_size_mb * 2**20))
+        self._gradient_sums: dict[int, _GradientSum] = {}  # id(bucket) -> its gradient exchange
+        if second_moment == "group_gradient" and world_size > 1:
+            sizes = {len(g) for g in self.topology.distinct_groups() if self.rank in g}
+            self._gradient_sums = {id(b): _GradientSum.of(b, sizes) for b in self._buckets}
         in_buckets = {id(p) for b in self._buckets for p in b.params}
         self._frozen = [p for p in all_params if id(p) not in in_buckets]
         if world_size > 1:
@@ -208,10 +260,12 @@ class DecentralizedAdam(Optimizer):
         return loss
 
     def _step_bucket(self, bucket: Bucket) -> None:
+        self._fold_gradient_sum(bucket)
         self._mix(bucket)
         group = self.param_groups[bucket.group_index]
         self._local_update(self.state, group, [p for p in bucket.params if p.grad is not None])
         self._start_exchange(bucket, self._step + 1)
+        self._start_gradient_sum(bucket, self._step + 1)
 
     def _mix(self, bucket: Bucket) -> None:
         """x_i <- sum_j W_ij(t) x_j(t): wait for the group sum and take its mean."""
@@ -236,14 +290,58 @@ class DecentralizedAdam(Optimizer):
 
     def _wait(self, bucket: Bucket) -> None:
         if bucket.handle is not None:
-            start = time.perf_counter()
-            with self._explain_failure(self._step, "finish"):  # in flight: the exchange for step t
-                bucket.handle.wait(self.timeout)
-            self.stats.wait_seconds += time.perf_counter() - start
+            self._wait_for(bucket.handle, "parameter", self.timeout)
             bucket.handle = None
 
+    def _wait_for(self, handle: Handle, kind: str, timeout: timedelta) -> None:
+        start = time.perf_counter()
+        with self._explain_failure(self._step, "finish", kind):  # in flight: the exchange for step t
+            handle.wait(timeout)
+        self.stats.wait_seconds += time.perf_counter() - start
+
+    def _start_gradient_sum(self, bucket: Bucket, step: int) -> None:
+        """second_moment="group_gradient": every k steps, send g_i (bf16) to the group of ``step``."""
+        exchange = self._gradient_sums.get(id(bucket))
+        if exchange is None or self._v_every is None or step % self._v_every:
+            return
+        group = self.topology.group_of(self.rank, step)
+        if len(group) == 1:
+            return
+        for param, view in zip(bucket.params, exchange.own_views, strict=True):
+            if param.grad is None:  # unused this step on this rank: its gradient is 0 (as under DDP)
+                view.zero_()
+            else:
+                view.copy_(param.grad)  # rounds to bfloat16
+        total = exchange.buffer(len(group))
+        total.copy_(exchange.own)
+        with self._explain_failure(step, "start", "gradient"):
+            exchange.handle = self.communicator.group_sum(total, group)
+        exchange.size = len(group)
+        self.stats.bytes_sent += total.numel() * total.element_size()
+
+    def _fold_gradient_sum(self, bucket: Bucket, timeout: timedelta | None = None) -> None:
+        """Wait for the bucket's gradient sum, if one is pending, and fold its z into A (docstring)."""
+        exchange = self._gradient_sums.get(id(bucket))
+        if exchange is None or exchange.size <= 1:
+            return
+        q, exchange.size = exchange.size, 0
+        if exchange.handle is not None:
+            handle, exchange.handle = exchange.handle, None
+            self._wait_for(handle, "gradient", self.timeout if timeout is None else timeout)
+        z = _group_gradient_sq(exchange.buffer(q), exchange.own, q, self.world_size)  # (numel,) float32
+        group = self.param_groups[bucket.group_index]
+        decay = group["betas"][1] ** group["v_every"]
+        for param, z_i in zip(bucket.params, views_like(z, bucket.params), strict=True):
+            st = self.state[param]
+            if "exp_avg" not in st:  # never stepped: no moments for A to go with yet
+                continue
+            if "group_sq" not in st:
+                st["group_sq"], st["group_updates"] = torch.zeros_like(param), 0
+            st["group_sq"].mul_(decay).add_(z_i, alpha=1.0 - decay)
+            st["group_updates"] += 1
+
     @contextlib.contextmanager
-    def _explain_failure(self, step: int, what: str) -> Iterator[None]:
+    def _explain_failure(self, step: int, what: str, kind: str = "parameter") -> Iterator[None]:
         """Re-raise a failed collective with what it was for and what probably happened."""
         try:
             yield
@@ -252,24 +350,29 @@ class DecentralizedAdam(Optimizer):
         except RuntimeError as error:
             limit = f"{self.timeout.total_seconds():g} s" if self.timeout else "the process group's timeout"
             raise RuntimeError(
-                f"rank {self.rank}: the parameter exchange for step {step} with ranks "
+                f"rank {self.rank}: the {kind} exchange for step {step} with ranks "
                 f"{self.topology.group_of(self.rank, step)} did not {what} "
                 f"(waited at most {limit}); a peer process probably died or stalled. Check the other "
                 f"ranks' logs. Cause: {error}"
             ) from error
 
-    def _set_noise_ranks(self) -> None:
-        """AccumAdamW's ``noise_ranks`` of every group, from ``second_moment`` and the world size."""
-        all_ranks = self.second_moment == "all_ranks"
-        noise_ranks = self.topology.world_size if all_ranks else 1
+    def _set_second_moment(self) -> None:
+        """AccumAdamW's ``noise_ranks`` of every group, from ``second_moment`` and the world size, and
+        with ``"group_gradient"`` its ``v_every``, which makes the update use ``A``."""
+        corrected = self.second_moment != "local"
+        noise_ranks = self.topology.world_size if corrected else 1
         self.defaults["noise_ranks"] = noise_ranks
         for group in self.param_groups:
-            if all_ranks and group["accum_steps"] > 1:  # checked at any world size
+            if corrected and group["accum_steps"] > 1:  # checked at any world size
                 raise ValueError(
-                    f"second_moment='all_ranks' needs accum_steps=1, but a param group has "
+                    f"second_moment={self.second_moment!r} needs accum_steps=1, but a param group has "
                     f"accum_steps={group['accum_steps']}: drop it from the group or use second_moment='local'"
                 )
             group["noise_ranks"] = noise_ranks
+            if self._v_every is None:
+                group.pop("v_every", None)  # a loaded group's, from a group_gradient run
+            else:
+                group["v_every"] = self._v_every
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group while the optimizer is built; afterwards this raises (the buckets are fixed)."""
@@ -333,6 +436,7 @@ class DecentralizedAdam(Optimizer):
             )
         for bucket in self._buckets:
             self._wait(bucket)
+            self._fold_gradient_sum(bucket)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -341,13 +445,20 @@ class DecentralizedAdam(Optimizer):
 
         Call it on every rank when training ends, before ``dist.destroy_process_group()`` or
         ``accelerator.end_training()``; ``with DecentralizedAdam(...) as optimizer:`` calls it on exit.
-        Idempotent. Parameters and state stay readable; a later :meth:`step` raises
-        :class:`~decentadam.collectives.ExchangeGroupsReleased`.
+        Idempotent. Parameters and state stay readable (a gradient sum in flight is folded into the
+        state first); a later :meth:`step` raises :class:`~decentadam.collectives.ExchangeGroupsReleased`.
         """
         self._closed = True
         if self._backward is not None:
             self._backward.detach()
             self._backward = None
+        try:
+            for bucket in self._buckets:
+                self._fold_gradient_sum(bucket, self.timeout or CLOSE_TIMEOUT)
+        except RuntimeError as error:  # a peer died: the state keeps A without the last sum
+            logger.warning("decentadam: a gradient sum in flight at close did not finish: %s", error)
+            for exchange in self._gradient_sums.values():
+                exchange.handle, exchange.size = None, 0
         if isinstance(self.communicator, Closable):
             self.communicator.close()
         for bucket in self._buckets:  # a finished exchange's handle still holds its group's gloo context
@@ -377,11 +488,15 @@ class DecentralizedAdam(Optimizer):
         return tuple(self._buckets)
 
     def state_dict(self) -> dict[str, Any]:
-        """The AccumAdamW state of this rank plus the decentralized step counter and topology."""
+        """The AccumAdamW state of this rank plus the decentralized step counter and topology (with
+        ``second_moment="group_gradient"``, a gradient sum in flight is waited for and folded in)."""
+        for bucket in self._buckets:
+            self._fold_gradient_sum(bucket)
         state = super().state_dict()
         state["decentralized"] = {
             "step": self._step,
             "second_moment": self.second_moment,
+            "v_every": self._v_every,
             "topology": self.topology.name,
             "world_size": self.world_size,
             "local_world_size": self.topology.local_world_size,
@@ -392,8 +507,10 @@ class DecentralizedAdam(Optimizer):
         """Load this rank's state; the next step first exchanges the (possibly diverse) parameters."""
         state_dict = dict(state_dict)
         extra = state_dict.pop("decentralized", None)
+        for bucket in self._buckets:  # a gradient sum in flight belongs to the state being replaced
+            self._fold_gradient_sum(bucket)
         super().load_state_dict(state_dict)
-        self._set_noise_ranks()  # the saved groups' value may be another world size's, or missing
+        self._set_second_moment()  # the saved groups' values may be another world size's, or missing
         if extra is not None:
             if extra["world_size"] != self.world_size or extra["topology"] != self.topology.name:
                 saved, now = (extra["topology"], extra["world_size"]), (self.topology.name, self.world_size)
@@ -413,3 +530,40 @@ class DecentralizedAdam(Optimizer):
         # iteration from step() (it also recounts the hooks).
         if self._backward is not None:
             self._backward.recount()
+
+
+@dataclass(eq=False)
+class _GradientSum:
+    """One bucket's gradient exchange of ``second_moment="group_gradient"``."""
+
+    own: Tensor  # (numel,) bfloat16: this rank's gradient as sent, g_i
+    own_views: list[Tensor]  # views of ``own`` shaped like the bucket's parameters
+    pair: Tensor | None  # (numel,) bfloat16: ``own`` sent to a group of 2, their sum received
+    wide: Tensor | None  # (numel,) float32: ``own`` sent to a larger group, its sum received
+    handle: Handle | None = None  # the sum in flight
+    size: int = 0  # q > 1: ``buffer(q)`` holds (or will hold) the sum over a group of q ranks
+
+    @classmethod
+    def of(cls, bucket: Bucket, sizes: set[int]) -> _GradientSum:
+        """Buffers for the sizes (> 1) of the groups this rank exchanges with."""
+        device, numel = bucket.buffer.device, bucket.buffer.numel()
+        own = torch.empty(numel, dtype=torch.bfloat16, device=device)
+        pair = torch.empty(numel, dtype=torch.bfloat16, device=device) if 2 in sizes else None
+        wide = torch.empty(numel, dtype=torch.float32, device=device) if max(sizes, default=0) > 2 else None
+        return cls(own, views_like(own, bucket.params), pair, wide)
+
+    def buffer(self, q: int) -> Tensor:
+        """The send buffer of a group of ``q > 1`` ranks (docstring of DecentralizedAdam)."""
+        total = self.pair if q == 2 else self.wide
+        assert total is not None, f"no gradient buffer for a group of {q} ranks"
+        return total
+
+
+def _group_gradient_sq(total: Tensor, own: Tensor, q: int, n: int) -> Tensor:
+    """``z = gbar**2 - (g_i**2 - gbar**2) (1/q - 1/n) / (1 - 1/q)`` with ``gbar = total / q`` (in
+    place in a float32 ``total``; a bfloat16 one, a pair's, is read into a new float32 tensor), in
+    float32."""
+    mean = total.div_(q) if total.dtype == torch.float32 else total.float().div_(q)
+    mean_sq = mean.square()
+    share = (1.0 / q - 1.0 / n) / (1.0 - 1.0 / q)
+    return mean_sq - (own.float().square() - mean_sq) * share

@@ -62,7 +62,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=30, help="linear warm-up steps, then inverse sqrt")
     parser.add_argument("--topology", default="aer", help="complete, ring, one-peer-exp or aer")
     parser.add_argument(
-        "--second-moment", choices=("all_ranks", "local"), default="all_ranks", help="DecentralizedAdam's"
+        "--second-moment",
+        choices=("all_ranks", "local", "group_gradient"),
+        default="all_ranks",
+        help="DecentralizedAdam's",
     )
     parser.add_argument("--accum-steps", type=int, default=1, help="AccumAdam window s (second moment local)")
     parser.add_argument("--log-every", type=int, default=50, help="steps between logs and evaluations")

@@ -46,7 +46,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--block", type=int, default=64)
     parser.add_argument("--topology", default="aer")
-    parser.add_argument("--second-moment", choices=("all_ranks", "local"), default="all_ranks")
+    parser.add_argument(
+        "--second-moment", choices=("all_ranks", "local", "group_gradient"), default="all_ranks"
+    )
     parser.add_argument("--accum-steps", type=int, default=1, help="AccumAdam window s (second moment local)")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument(

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from decentadam import AccumAdamW, DecentralizedAdam
+from decentadam.optim.accum_adamw import accum_adamw
 
 
 def make_model() -> nn.Module:
@@ -91,6 +92,59 @@ def test_noise_ranks_matches_the_formula(foreach: bool) -> None:
         x = x * (1 - lr * wd) - lr * (m / (1 - beta1**t)) / (v_hat.sqrt() + eps)
     torch.testing.assert_close(param.detach(), x, rtol=0, atol=1e-13)
     assert 0 < floored < 29 * 50, "the test should exercise both sides of the floor"
+
+
+def test_group_sqs_replace_the_noise_correction_on_both_paths() -> None:
+    """``accum_adamw(group_sqs=...)``, DecentralizedAdam's group-gradient second moment: where a
+    parameter has ``A`` (``u > 0``), ``v = max(A / (1 - beta2**(k u)), V_hat / n)``; elsewhere the
+    noise correction; foreach == for-loop == the formula written out."""
+    lr, beta1, beta2, eps, n, k = 1e-2, 0.9, 0.98, 1e-8, 4, 2
+    shapes = [(5,), (3, 4), (7,)]
+    generator = torch.Generator().manual_seed(3)
+    gradients = [
+        [torch.randn(s, dtype=torch.float64, generator=generator) + 0.3 for s in shapes] for _ in range(8)
+    ]
+
+    def a_of(i: int, t: int) -> torch.Tensor | None:
+        """A of parameter i before step t: the first two from t = 3 on (u = t - 2), the third never."""
+        if i == 2 or t < 3:
+            return None
+        a = torch.zeros(shapes[i], dtype=torch.float64)
+        for g in gradients[: t - 2]:
+            a = beta2**k * a + (1 - beta2**k) * g[i].square()
+        return a
+
+    runs = {}
+    for foreach in (False, True):
+        params = [torch.zeros(shape, dtype=torch.float64) for shape in shapes]
+        moments = [[torch.zeros(shape, dtype=torch.float64) for _ in range(3)] for shape in shapes]  # M V S
+        steps = [torch.tensor(0.0, dtype=torch.float64) for _ in shapes]
+        for t, grads in enumerate(gradients, start=1):
+            group_sqs = [a_of(i, t) for i in range(3)]
+            accum_adamw(
+                params, grads, [m[0] for m in moments], [m[1] for m in moments], [], steps,
+                lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=0.0, accum_steps=1,
+                foreach=foreach, noise_ranks=n, noise_sqs=[m[2] for m in moments],
+                group_sqs=group_sqs, group_updates=[max(t - 2, 0)] * 2 + [0], v_every=k,
+            )  # fmt: skip
+        runs[foreach] = params
+    for i in range(3):
+        x, m, v, noise = (torch.zeros(shapes[i], dtype=torch.float64) for _ in range(4))
+        for t, grads in enumerate(gradients, start=1):
+            g = grads[i]
+            if t > 1:
+                noise = beta2 * noise + (1 - beta2) * (1 + beta1) / 2 * (g - m / (1 - beta1 ** (t - 1))) ** 2
+            m = beta1 * m + (1 - beta1) * g
+            v = beta2 * v + (1 - beta2) * g**2
+            v_hat = v / (1 - beta2**t)
+            a = a_of(i, t)
+            if a is not None:
+                v_hat = torch.maximum(a / (1 - beta2 ** (k * (t - 2))), v_hat / n)
+            elif t > 1:
+                v_hat = torch.maximum(v_hat - (1 - 1 / n) * noise / (1 - beta2 ** (t - 1)), v_hat / n)
+            x = x - lr * (m / (1 - beta1**t)) / (v_hat.sqrt() + eps)
+        for foreach in (False, True):
+            torch.testing.assert_close(runs[foreach][i], x, rtol=0, atol=1e-14)
 
 
 def mean_step(noise_ranks: int, mean: float, std: float, steps: int = 400) -> float:

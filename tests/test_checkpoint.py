@@ -22,6 +22,7 @@ from tests.distributed_harness import run_distributed
 
 SAVE_AT = 4
 TOTAL = 8
+GROUP_GRADIENT = {"second_moment": "group_gradient", "v_every": 1}  # a gradient sum in flight at the save
 
 
 def make_model(seed: int) -> nn.Module:
@@ -29,13 +30,16 @@ def make_model(seed: int) -> nn.Module:
     return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
 
 
-def make_training(model: nn.Module) -> tuple[DecentralizedAdam, torch.optim.lr_scheduler.LambdaLR]:
+def make_training(
+    model: nn.Module, second_moment: dict[str, Any] | None = None
+) -> tuple[DecentralizedAdam, torch.optim.lr_scheduler.LambdaLR]:
     optimizer = DecentralizedAdam(
         model.parameters(),
         lr=1e-2,
         weight_decay=0.01,  # the default second moment: its noise estimate must resume exactly too
         topology="aer",
         local_world_size=2,
+        **(second_moment or {}),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / 3))
     return optimizer, scheduler
@@ -56,9 +60,11 @@ def train_step(model: nn.Module, optimizer: DecentralizedAdam, scheduler: Any, r
     return float(loss.item())
 
 
-def uninterrupted_worker(rank: int, world_size: int, directory: str) -> dict[str, Any]:
+def uninterrupted_worker(
+    rank: int, world_size: int, directory: str, second_moment: dict[str, Any] | None = None
+) -> dict[str, Any]:
     model = make_model(seed=rank)
-    optimizer, scheduler = make_training(model)
+    optimizer, scheduler = make_training(model, second_moment)
     torch.manual_seed(77 + rank)  # dropout streams differ per rank; the checkpoint must carry them
     losses = []
     logged: list[tuple[int, float]] = []
@@ -71,12 +77,29 @@ def uninterrupted_worker(rank: int, world_size: int, directory: str) -> dict[str
             unchanged = all(torch.equal(local[k], v) for k, v in model.state_dict().items())
             register_metrics_hook(optimizer, 1, lambda v, t: logged.append((t, v["decentadam/comm_mb"])))
         losses.append(train_step(model, optimizer, scheduler, rank, step))
-    return {"losses": losses, "consensus": consensus, "unchanged_by_save": unchanged, "comm_mb": logged}
+    updates = max((s.get("group_updates", 0) for s in optimizer.state.values()), default=0)
+    return {
+        "losses": losses,
+        "consensus": consensus,
+        "unchanged_by_save": unchanged,
+        "comm_mb": logged,
+        "group_updates": updates,
+    }
 
 
-def resumed_worker(rank: int, world_size: int, directory: str) -> dict[str, Any]:
+def saving_worker(rank: int, world_size: int, root: str) -> dict[str, dict[str, Any]]:
+    """The run with the default second moment, then one with the group-gradient one."""
+    return {
+        "run": uninterrupted_worker(rank, world_size, f"{root}/run"),
+        "group-gradient": uninterrupted_worker(rank, world_size, f"{root}/group-gradient", GROUP_GRADIENT),
+    }
+
+
+def resumed_worker(
+    rank: int, world_size: int, directory: str, second_moment: dict[str, Any] | None = None
+) -> dict[str, Any]:
     model = make_model(seed=50 + rank)  # other initial weights: loading must replace them
-    optimizer, scheduler = make_training(model)
+    optimizer, scheduler = make_training(model, second_moment)
     torch.manual_seed(12345)  # another RNG state: loading must replace it
     logged: list[tuple[int, float]] = []  # registered before the load, as log_metrics_every after prepare
     register_metrics_hook(optimizer, 1, lambda v, t: logged.append((t, v["decentadam/comm_mb"])))
@@ -97,9 +120,17 @@ def resumed_worker(rank: int, world_size: int, directory: str) -> dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def saved_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
-    directory = tmp_path_factory.mktemp("ckpt") / "run"
-    return directory, run_distributed(uninterrupted_worker, 4, str(directory))
+def saved_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list[dict[str, Any]]]]:
+    root = tmp_path_factory.mktemp("ckpt")
+    per_rank = run_distributed(saving_worker, 4, str(root))  # one launch for both runs
+    return {name: (root / name, [r[name] for r in per_rank]) for name in ("run", "group-gradient")}
+
+
+@pytest.fixture(scope="module")
+def saved_run(
+    saved_runs: dict[str, tuple[Path, list[dict[str, Any]]]],
+) -> tuple[Path, list[dict[str, Any]]]:
+    return saved_runs["run"]
 
 
 def test_checkpoint_layout_and_consensus_weights(saved_run: tuple[Path, list[dict[str, Any]]]) -> None:
@@ -130,6 +161,20 @@ def test_resume_with_same_world_size_is_bitwise_identical(
         assert resumed[rank]["warnings"] == []
         assert resumed[rank]["step_count"] == TOTAL
         assert resumed[rank]["losses"] == uninterrupted[rank]["losses"][SAVE_AT:], f"rank {rank}"
+
+
+def test_group_gradient_resume_is_bitwise_identical(
+    saved_runs: dict[str, tuple[Path, list[dict[str, Any]]]],
+) -> None:
+    # saved with the gradient sum of step 3 in flight: the checkpoint's A must hold it
+    directory, uninterrupted = saved_runs["group-gradient"]
+    resumed = run_distributed(resumed_worker, 4, str(directory), GROUP_GRADIENT)
+    for rank in range(4):
+        # a sum per step; the metrics hook folds the last one in
+        assert uninterrupted[rank]["group_updates"] == TOTAL
+        assert resumed[rank]["warnings"] == []
+        assert resumed[rank]["losses"] == uninterrupted[rank]["losses"][SAVE_AT:], f"rank {rank}"
+    assert uninterrupted[0]["losses"] != saved_runs["run"][1][0]["losses"]  # A took part
 
 
 def test_comm_metrics_after_a_resume_count_only_the_steps_since(

@@ -21,7 +21,7 @@ from tests.distributed_harness import run_distributed
 STEPS = 30
 LR, BETAS, EPS, WD = 3e-2, (0.9, 0.999), 1e-8, 0.05
 
-# (topology, local_world_size, accum_steps, overlap, second_moment)
+# (topology, local_world_size, accum_steps, overlap, second_moment); "group_gradient:K": v_every=K
 CONFIGS_4 = [
     ("complete", 1, 4, "step", "local"),
     ("ring", 1, 4, "step", "local"),
@@ -38,6 +38,12 @@ CONFIGS_4 = [
     ("aer", 2, 1, "step", "all_ranks"),
     ("aer", 2, 1, "backward", "all_ranks"),
     ("aer", 2, 1, "resume:step", "all_ranks"),
+    ("aer", 2, 1, "step", "group_gradient:2"),  # the node's pairs (q = 2 of n = 4)
+    ("aer", 2, 1, "step", "group_gradient:1"),  # and every other step all ranks (hierarchical)
+    ("complete", 1, 1, "step", "group_gradient:1"),  # z = the all-reduced gradient's square
+    ("complete", 1, 1, "step", "group_gradient:2"),
+    ("ring", 1, 1, "backward", "group_gradient:1"),
+    ("aer", 2, 1, "resume:step", "group_gradient:1"),  # saved with a gradient sum in flight
 ]
 CONFIGS_8 = [
     ("complete", 1, 4, "step", "local"),
@@ -80,6 +86,13 @@ def flat(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+def second_moment_args(second_moment: str) -> dict[str, Any]:
+    """A config's ``second_moment``: ``"group_gradient:K"`` is ``second_moment="group_gradient",
+    v_every=K``."""
+    name, _, every = second_moment.partition(":")
+    return {"second_moment": name, **({"v_every": int(every)} if every else {})}
+
+
 def make_optimizer(
     model: nn.Module, name: str, local_world_size: int, accum_steps: int, overlap: str, second_moment: str
 ) -> DecentralizedAdam:
@@ -89,7 +102,7 @@ def make_optimizer(
         betas=BETAS,
         eps=EPS,
         accum_steps=accum_steps,
-        second_moment=second_moment,  # type: ignore[arg-type]
+        **second_moment_args(second_moment),
         topology=name,
         local_world_size=local_world_size,
         bucket_size_mb=1e-4,  # ~100 bytes: several buckets per parameter group
@@ -144,18 +157,45 @@ def simulate(
     name: str, world_size: int, local_world_size: int, accum_steps: int, second_moment: str = "local"
 ) -> torch.Tensor:
     """n workers in one process: mix with W(t), then the AccumAdamW formula written out plainly
-    (with ``second_moment="all_ranks"``: s = 1 and the noise-corrected second moment, n = world_size)."""
+    (with ``second_moment="all_ranks"``: s = 1 and the noise-corrected second moment, n = world_size;
+    with ``"group_gradient:K"`` also the second moment A from the group's gradients of every K-th
+    step, which arrive one step later, rounded to bfloat16 and summed in bfloat16 by a pair, in
+    float32 by a larger group)."""
     topology = build(name, world_size, local_world_size)
     models = [make_model(seed=100) for _ in range(world_size)]  # rank 0's initialisation everywhere
     decay = [WD if n.endswith("weight") else 0.0 for n, _ in models[0].named_parameters()]
     beta1, beta2 = BETAS
-    state = [[dict.fromkeys(("M", "V", "b", "S"), 0.0) for _ in decay] for _ in models]
+    kind, _, every = second_moment.partition(":")
+    v_every = int(every) if every else 0  # K
+    state = [[dict.fromkeys(("M", "V", "b", "S", "A", "u"), 0.0) for _ in decay] for _ in models]
+    sent: list[list[torch.Tensor]] | None = None  # group_gradient: the last step's gradients, if sent
     for step in range(STEPS):
         grads = []
         for rank, model in enumerate(models):
             model.zero_grad()
             loss_of(model, rank, step).backward()
             grads.append([p.grad.detach().clone() for p in model.parameters()])
+        for rank in range(world_size if sent is not None else 0):
+            members = topology.group_of(rank, step)
+            q = len(members)
+            if q == 1:
+                continue
+            share = (1 / q - 1 / world_size) / (1 - 1 / q)
+            for j, s in enumerate(state[rank]):
+                if q == 2:  # bf16(a + b), as torch adds two bfloat16 tensors
+                    total = (sent[members[0]][j] + sent[members[1]][j]).float()
+                else:
+                    total = torch.zeros_like(sent[rank][j], dtype=torch.float32)
+                    for member in members:
+                        total = total + sent[member][j].float()
+                mean = total / q
+                own = sent[rank][j].float()
+                z = mean.square() - (own.square() - mean.square()) * share
+                s["A"] = beta2**v_every * s["A"] + (1 - beta2**v_every) * z.double()
+                s["u"] += 1
+        sent = None
+        if v_every and (step + 1) % v_every == 0:  # sent with the parameters, to the group of the next step
+            sent = [[g.to(torch.bfloat16) for g in rank_grads] for rank_grads in grads]
         mixed = topology.mixing_matrix(step) @ torch.stack([flat(m) for m in models])  # (n, numel)
         t = step + 1
         k = math.ceil(t / accum_steps)
@@ -165,14 +205,16 @@ def simulate(
                 for j, p in enumerate(model.parameters()):
                     s, g = state[rank][j], grads[rank][j]
                     p.mul_(1 - LR * decay[j])
-                    if second_moment == "all_ranks":
+                    if kind in ("all_ranks", "group_gradient"):
                         if t > 1:
                             deviation = g - s["M"] / (1 - beta1 ** (t - 1))
                             s["S"] = beta2 * s["S"] + (1 - beta2) * (1 + beta1) / 2 * deviation**2
                         s["M"] = beta1 * s["M"] + (1 - beta1) * g
                         s["V"] = beta2 * s["V"] + (1 - beta2) * g * g
                         v = s["V"] / (1 - beta2**t)
-                        if t > 1:
+                        if s["u"] > 0:
+                            v = torch.maximum(s["A"] / (1 - beta2 ** (v_every * s["u"])), v / world_size)
+                        elif t > 1:
                             corrected = v - (1 - 1 / world_size) * s["S"] / (1 - beta2 ** (t - 1))
                             v = torch.maximum(corrected, v / world_size)
                         p.sub_(LR * (s["M"] / (1 - beta1**t)) / (v.sqrt() + EPS))
@@ -206,6 +248,17 @@ def test_matches_simulation_of_n_workers(world_size: int, configs: list[Config])
         assert per_rank[0][index]["consensus"] == pytest.approx(distance, rel=1e-8, abs=1e-14), label
         if name != "complete":
             assert distance > 0, f"{label}: ranks with different data should not agree exactly"
+        every = second_moment.partition(":")[2]
+        if every and ":" not in overlap:  # float64 parameters every step, gradients every K-th:
+            topology, numel = build(name, world_size, local_world_size), expected.shape[1]
+            for r in range(world_size):  # bfloat16 to a pair, float32 to a larger group
+                sizes = [(t, len(topology.group_of(r, t))) for t in range(1, STEPS + 1)]
+                want = sum(
+                    numel * 8 + (numel * (2 if q == 2 else 4) if t % int(every) == 0 else 0)
+                    for t, q in sizes
+                    if q > 1
+                )
+                assert per_rank[r][index]["bytes_sent"] == want, label
 
 
 def mismatched_worker(rank: int, world_size: int, difference: str) -> str:
@@ -459,9 +512,17 @@ def test_launched_without_process_group_fails_loudly(monkeypatch: pytest.MonkeyP
         DecentralizedAdam(nn.Linear(2, 2).parameters())
 
 
-def test_single_process_equals_adamw() -> None:
+@pytest.mark.parametrize("second_moment", ["all_ranks", "group_gradient:1"])
+def test_single_process_equals_adamw(second_moment: str) -> None:
     model, reference = make_model(0), make_model(0)
-    ours = DecentralizedAdam(model.parameters(), lr=LR, weight_decay=WD, accum_steps=1, topology="aer")
+    ours = DecentralizedAdam(
+        model.parameters(),
+        lr=LR,
+        weight_decay=WD,
+        accum_steps=1,
+        topology="aer",
+        **second_moment_args(second_moment),
+    )
     theirs = torch.optim.AdamW(reference.parameters(), lr=LR, weight_decay=WD)
     for step in range(20):
         for m, opt in ((model, ours), (reference, theirs)):
@@ -492,6 +553,11 @@ def test_backward_overlap_rejects_two_backwards_per_step() -> None:
         ({"bucket_size_mb": 0}, "bucket_size_mb"),
         ({"overlap": "sometimes"}, "overlap"),
         ({"topology": "star"}, "unknown topology"),
+        ({"second_moment": "global"}, "second_moment must be one of 'all_ranks', 'local', 'group_gradient'"),
+        ({"second_moment": "group_gradient", "v_every": 0}, r"v_every must be an integer >= 1 .* got 0"),
+        ({"v_every": 2}, r"v_every=2 .* but second_moment='all_ranks': pass second_moment='group_gradient'"),
+        ({"second_moment": "local", "v_every": 1}, r"but second_moment='local'"),
+        ({"second_moment": "group_gradient", "accum_steps": 2}, r"accum_steps=2: use accum_steps=1 with it"),
     ],
 )
 def test_bad_arguments_name_the_problem(kwargs: dict[str, Any], match: str) -> None:
@@ -555,3 +621,48 @@ def test_parameters_added_or_unfrozen_after_construction_are_refused() -> None:
     (trained(torch.ones(1, 2)) + frozen(torch.ones(1, 2))).sum().backward()
     with pytest.raises(RuntimeError, match=r"frozen \(requires_grad=False\) when the optimizer was built"):
         optimizer.step()
+
+
+def test_group_gradient_state_round_trips_with_the_sum_in_flight_folded_in() -> None:
+    """A and u are optimizer state; state_dict() first waits for the gradient sum in flight and folds
+    it in, once: the next step does not fold it again."""
+    from decentadam.simulation import SimulatedCluster
+
+    def build(cluster: SimulatedCluster, models: list[nn.Module]) -> list[DecentralizedAdam]:
+        return [
+            DecentralizedAdam(
+                m.parameters(),
+                lr=LR,
+                topology="complete",
+                second_moment="group_gradient",
+                v_every=1,
+                communicator=cluster.communicator(rank),
+            )
+            for rank, m in enumerate(models)
+        ]
+
+    models = [make_model(0) for _ in range(2)]
+    optimizers = build(SimulatedCluster(2), models)
+    for step in range(3):  # the sums of steps 0 and 1 arrive at steps 1 and 2; step 2's is in flight
+        for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+            optimizer.zero_grad()
+            loss_of(model, rank, step).backward()
+        for optimizer in optimizers:
+            optimizer.step()
+    saved = [copy.deepcopy(o.state_dict()) for o in optimizers]
+    assert saved[0]["decentralized"]["v_every"] == 1
+    assert {s["group_updates"] for s in saved[0]["state"].values()} == {3}
+    fresh = build(SimulatedCluster(2), [make_model(1) for _ in range(2)])
+    for optimizer, state in zip(fresh, saved, strict=True):
+        optimizer.load_state_dict(copy.deepcopy(state))
+        again = optimizer.state_dict()
+        for key, values in state["state"].items():
+            assert again["state"][key].keys() == values.keys()
+            for name, value in values.items():
+                assert torch.equal(torch.as_tensor(again["state"][key][name]), torch.as_tensor(value)), name
+    for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+        optimizer.zero_grad()
+        loss_of(model, rank, 3).backward()
+    for optimizer in optimizers:
+        optimizer.step()  # nothing left to fold: step 3's gradients are the next sum
+    assert {s["group_updates"] for s in optimizers[0].state.values()} == {3}

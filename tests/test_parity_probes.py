@@ -1,4 +1,5 @@
-"""The parity probes of benchmarks.parity (mean_weights, shared_v, predicted_point, gossip_v, v_oracle).
+"""The parity probes of benchmarks.parity (mean_weights, shared_v, predicted_point, gossip_v,
+v_oracle), and the group-gradient second moment that began as one (group_gradient_v).
 
 Each probe changes one thing about ``DecentralizedAdam(second_moment="all_ranks")``; these tests
 pin what the measurements in docs/parity.md rely on: on one rank every probe's update is AdamW's,
@@ -132,13 +133,16 @@ def test_mean_weights_puts_every_rank_at_the_mean_of_what_was_sent() -> None:
 
 
 def group_gradient_worker(rank: int, world_size: int) -> dict[str, Any]:
-    import os
-
-    from benchmarks.parity.group_gradient_v import GroupGradientAdam
-
-    os.environ["DECENTADAM_V_EVERY"] = "1"
     model = make_model()
-    optimizer = GroupGradientAdam(model.parameters(), lr=LR, betas=BETAS, eps=EPS, topology="complete")
+    optimizer = DecentralizedAdam(
+        model.parameters(),
+        lr=LR,
+        betas=BETAS,
+        eps=EPS,
+        topology="complete",
+        second_moment="group_gradient",  # the group_gradient_v probe, now the library's option
+        v_every=1,
+    )
     gradients: list[torch.Tensor] = []
     train(model, optimizer, rank, 5, gradients)
     first = next(iter(reversed(list(model.parameters()))))  # the first parameter of the one bucket
@@ -153,15 +157,17 @@ def group_gradient_worker(rank: int, world_size: int) -> dict[str, Any]:
 
 def test_group_gradient_v_on_all_ranks_is_allreduces_second_moment() -> None:
     """On a group of all n ranks the estimate is the EMA of the mean gradient's square: All-Reduce's
-    V (each step's mean arriving one step later, rounded to bfloat16)."""
+    V (each step's mean arriving one step later: a pair's sum of the bfloat16-rounded gradients,
+    rounded to bfloat16)."""
     results = run_distributed(group_gradient_worker, 2)
     beta2 = BETAS[1]
     expected = torch.zeros_like(results[0]["group_sq"])
-    for step in range(4):  # the fifth step's gradients are still in flight
-        mean = sum(r["gradients"][step].to(torch.bfloat16).double() for r in results) / 2
+    for step in range(5):  # close() folds in the fifth step's gradients, which were in flight
+        a, b = (r["gradients"][step].to(torch.bfloat16) for r in results)
+        mean = (a + b).double() / 2
         expected = beta2 * expected + (1 - beta2) * mean[: expected.numel()].square()
     for result in results:
-        assert result["updates"] == 4
+        assert result["updates"] == 5
         torch.testing.assert_close(result["group_sq"].double(), expected, rtol=1e-5, atol=1e-12)
 
 

@@ -340,6 +340,34 @@ def test_the_builder_makes_each_optimizer_with_its_betas_and_the_groups() -> Non
     # A2CiD2 needs a process group: tests/test_imagenet_e2e.py builds it through this builder
 
 
+@pytest.mark.parametrize("recipe", ["translation", "imagenet"])
+def test_the_recipes_take_the_group_gradient_second_moment(recipe: str) -> None:
+    import importlib
+
+    presets = importlib.import_module(f"recipes.{recipe}.config").PRESETS
+    o = presets.load(None, ["optim.second_moment=group_gradient", "optim.v_every=3"]).optim
+    assert (o.second_moment, o.v_every) == ("group_gradient", 3)
+    ours = optim.build_optimizer(
+        Block(), "decentralized", **settings(second_moment=o.second_moment, v_every=3)
+    )
+    assert isinstance(ours, DecentralizedAdam) and ours.second_moment == "group_gradient"
+    assert [g["v_every"] for g in ours.param_groups] == [3, 3]
+    ours.close()
+    default = optim.build_optimizer(Block(), "decentralized", **settings(v_every=3))  # v_every unused
+    assert "v_every" not in default.param_groups[0]
+    default.close()
+    with pytest.raises(ConfigError, match=r"optim\.v_every = 0: expected a positive integer"):
+        optim.build_optimizer(Block(), "decentralized", **settings(second_moment="group_gradient", v_every=0))
+    with pytest.raises(ConfigError, match=r"A2CiD2 does not have: use optim\.second_moment=all_ranks"):
+        optim.build_optimizer(Block(), "a2cid2", **settings(second_moment="group_gradient"))
+    with pytest.raises(
+        ConfigError, match=r"optim\.accum_steps = 2 with optim\.second_moment = 'group_gradient'"
+    ):
+        optim.build_optimizer(
+            Block(), "decentralized", **settings(second_moment="group_gradient", accum_steps=2)
+        )
+
+
 # The loop -----------------------------------------------------------------------------------------
 
 

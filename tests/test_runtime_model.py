@@ -219,6 +219,23 @@ def test_inputs_are_validated() -> None:
         predict("aer", _cluster(), Workload(param_bytes=S, compute_s=0.1, compute_scale=(1.0, 2.0)))
 
 
+@pytest.mark.parametrize("v_every", [1, 2, 3])
+def test_group_gradient_adds_its_bytes_every_k_steps(v_every: int) -> None:
+    """A ring of pairs sends each exchange's bytes once: S per step, and G / k more with the gradient,
+    G = 2 P (bfloat16) for a pair; a group of 4 sends 1.5 times its S + 4 P (float32)."""
+    cluster = _cluster(nodes=4, local=1)
+    plain = predict("ring", cluster, Workload(param_bytes=S, compute_s=0.01))
+    work = Workload(param_bytes=S, compute_s=0.01, gradient_values=S / 4, v_every=v_every)
+    ours = predict("ring", cluster, work)
+    assert plain.sent_bytes_per_rank == pytest.approx(S)
+    assert ours.sent_bytes_per_rank == pytest.approx(S + S / 2 / v_every)
+    assert ours.iteration_s > plain.iteration_s  # communication-bound here
+    everyone = predict("complete", cluster, work)
+    assert everyone.sent_bytes_per_rank == pytest.approx(1.5 * (S + S / v_every))
+    with pytest.raises(ValueError, match="v_every must be >= 1"):
+        Workload(param_bytes=S, compute_s=0.1, gradient_values=S, v_every=0)
+
+
 @pytest.mark.parametrize(("text", "value"), [("350M", 3.5e8), ("1.5g", 1.5e9), ("12k", 12e3), ("42", 42.0)])
 def test_parse_size(text: str, value: float) -> None:
     assert parse_size(text) == pytest.approx(value)
@@ -255,6 +272,7 @@ def test_cli_hierarchical_flag_speeds_up_multi_node_groups(capsys: pytest.Captur
         return float(row.split("|")[2])
 
     assert aer_ms(["--hierarchical"]) < aer_ms([])
+    assert aer_ms(["--v-every", "2"]) > aer_ms([])  # the gradient sums ride on the slow link too
 
 
 def test_cli_says_all_reduce_when_compute_dominates(capsys: pytest.CaptureFixture[str]) -> None:

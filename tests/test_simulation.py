@@ -24,6 +24,7 @@ from tests.test_decentralized import (
     loss_of,
     make_model,
     param_groups,
+    second_moment_args,
     simulate,
 )
 
@@ -40,7 +41,7 @@ def run_simulated(
             betas=BETAS,
             eps=EPS,
             accum_steps=accum_steps,
-            second_moment=second_moment,  # type: ignore[arg-type]
+            **second_moment_args(second_moment),
             topology=name,
             local_world_size=local_world_size,
             bucket_size_mb=1e-4,

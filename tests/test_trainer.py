@@ -185,3 +185,22 @@ def test_resume_with_another_topology_is_refused(
             in result["error"]
         )
         assert "DecentralizedArguments(topology='aer', local_world_size=2)" in result["error"]
+
+
+def test_the_group_gradient_second_moment_reaches_the_optimizer(tmp_path: Path) -> None:
+    from transformers import TrainingArguments
+
+    from decentadam import DecentralizedAdam
+    from decentadam.integrations.trainer import DecentralizedArguments, DecentralizedTrainer
+    from tests.trainer_worker import Sequences, make_model
+
+    trainer = DecentralizedTrainer(
+        model=make_model(),
+        args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=1),
+        train_dataset=Sequences(8, seed=1),
+        decentralized=DecentralizedArguments(second_moment="group_gradient", v_every=3),
+    )
+    optimizer = trainer.create_optimizer()
+    assert isinstance(optimizer, DecentralizedAdam) and optimizer.second_moment == "group_gradient"
+    assert {g["v_every"] for g in optimizer.param_groups} == {3}
+    optimizer.close()

@@ -200,6 +200,7 @@ def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
                     weight_decay=o.weight_decay,
                     accum_steps=o.accum_steps,
                     second_moment=o.second_moment,  # type: ignore[arg-type]
+                    v_every=o.v_every if o.second_moment == "group_gradient" else None,
                     topology=o.topology,
                     local_world_size=nodes_of,
                     communicator=cluster.communicator(rank),

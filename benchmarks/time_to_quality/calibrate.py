@@ -74,7 +74,7 @@ def calibrate(spec: dict[str, Any]) -> dict[str, Any]:
     build = functools.partial(  # the recipe's optimizers, built as it builds them
         build_optimizer, lr=o.lr, weight_decay=o.weight_decay, betas_allreduce=o.betas_allreduce,
         betas_decentralized=o.betas_decentralized, eps=o.eps, accum_steps=o.accum_steps,
-        second_moment=o.second_moment, topology=o.topology,
+        second_moment=o.second_moment, v_every=o.v_every, topology=o.topology,
         local_world_size=int(spec["local_world_size"]), world_size=world,
     )  # fmt: skip
     adamw = build(model, "allreduce")

@@ -60,7 +60,7 @@ from torch.optim import Optimizer
 
 from decentadam import checkpoint_files as files
 from decentadam.consensus import averaged
-from decentadam.decentralized import DecentralizedAdam
+from decentadam.decentralized import SECOND_MOMENTS, DecentralizedAdam
 from decentadam.optim.accum_adamw import AccumAdamW, make_defaults
 from decentadam.topology import TOPOLOGIES
 
@@ -121,7 +121,10 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
 
     second_moment: str = "all_ranks"
     """"all_ranks": the second moment of the mean gradient over all ranks, estimated on each rank
-    (needs accum_steps 1); "local": each rank's own (see DecentralizedAdam)."""
+    (needs accum_steps 1); "group_gradient": estimated from the exchange group's gradients (needs
+    accum_steps 1); "local": each rank's own (see DecentralizedAdam)."""
+    v_every: int | None = None
+    """With second_moment "group_gradient": steps between two gradient exchanges (None: 2)."""
     topology: str = "aer"
     """Graph schedule: "complete", "ring", "one-peer-exp" or "aer" (alternating exponential ring)."""
     local_world_size: int | None = None
@@ -137,15 +140,23 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
         result = _validate_hyper_parameters(self)
         if self.topology not in TOPOLOGIES:
             result.add_error(f"`topology` must be one of {sorted(TOPOLOGIES)}, but is {self.topology!r}.")
-        if self.second_moment not in ("all_ranks", "local"):
+        if self.second_moment not in SECOND_MOMENTS:
             result.add_error(
-                f"`second_moment` must be 'all_ranks' or 'local', but is {self.second_moment!r}."
+                f"`second_moment` must be one of {', '.join(map(repr, SECOND_MOMENTS))}, but is "
+                f"{self.second_moment!r}."
             )
-        elif self.second_moment == "all_ranks" and self.accum_steps > 1:
+        elif self.second_moment != "local" and self.accum_steps > 1:
             result.add_error(
-                f"`second_moment` 'all_ranks' needs `accum_steps` 1, but it is {self.accum_steps}: set "
-                "`second_moment: local` to keep the accumulation window."
+                f"`second_moment` {self.second_moment!r} needs `accum_steps` 1, but it is "
+                f"{self.accum_steps}: set `second_moment: local` to keep the accumulation window."
             )
+        if self.v_every is not None and self.second_moment != "group_gradient":
+            result.add_error(
+                f"`v_every` is {self.v_every}, but it is only used with `second_moment: group_gradient`: "
+                "set that, or leave `v_every` out."
+            )
+        elif self.v_every is not None and not self.v_every >= 1:
+            result.add_error(f"`v_every` must be an integer >= 1, but is {self.v_every}.")
         if not self.bucket_size_mb > 0:
             result.add_error(f"`bucket_size_mb` must be > 0, but is {self.bucket_size_mb}.")
         if self.timeout is not None and not self.timeout > 0:
@@ -205,6 +216,7 @@ def _decentralized(resolver: DependencyResolver, config: DecentralizedAdamConfig
         weight_decay=config.weight_decay,
         accum_steps=config.accum_steps,
         second_moment=config.second_moment,  # type: ignore[arg-type]
+        v_every=config.v_every,
         topology=config.topology,
         local_world_size=config.local_world_size,
         bucket_size_mb=config.bucket_size_mb,

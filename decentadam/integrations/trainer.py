@@ -66,9 +66,12 @@ class DecentralizedArguments:
 
     topology: str = "aer"
     """Graph schedule: "complete", "ring", "one-peer-exp" or "aer" (alternating exponential ring)."""
-    second_moment: Literal["all_ranks", "local"] = "all_ranks"
+    second_moment: Literal["all_ranks", "local", "group_gradient"] = "all_ranks"
     """"all_ranks": the second moment of the mean gradient over all ranks, estimated on each rank
-    (needs accum_steps=1); "local": each rank's own (see DecentralizedAdam)."""
+    (needs accum_steps=1); "group_gradient": estimated from the exchange group's gradients (needs
+    accum_steps=1); "local": each rank's own (see DecentralizedAdam)."""
+    v_every: int | None = None
+    """With second_moment="group_gradient": steps between two gradient exchanges (None: 2)."""
     accum_steps: int = 1
     """AccumAdam window s (with second_moment="local"): Adam moments advance once per s steps with the
     window's mean gradient."""
@@ -160,6 +163,7 @@ class DecentralizedTrainer(Trainer):
             eps=self.args.adam_epsilon,
             accum_steps=config.accum_steps,
             second_moment=config.second_moment,
+            v_every=config.v_every,
             topology=config.topology,
             local_world_size=config.local_world_size,
             bucket_size_mb=config.bucket_size_mb,

@@ -178,7 +178,10 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
         return
     accum_steps: int = group["accum_steps"]
     noise_ranks: int = group.get("noise_ranks", 1)
+    v_every: int | None = group.get("v_every") if noise_ranks > 1 else None  # DecentralizedAdam's k
     grads, exp_avgs, exp_avg_sqs, grad_accums, noise_sqs, steps = [], [], [], [], [], []
+    group_sqs: list[Tensor | None] = []
+    group_updates: list[int] = []
     for p in params:
         grad = p.grad
         assert grad is not None
@@ -207,6 +210,9 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
             grad_accums.append(st["grad_accum"])
         if noise_ranks > 1:
             noise_sqs.append(st["noise_sq"])
+        updates = st.get("group_updates", 0) if v_every else 0
+        group_sqs.append(st["group_sq"] if updates > 0 else None)
+        group_updates.append(updates)
     beta1, beta2 = group["betas"]
     accum_adamw(
         params,
@@ -224,6 +230,9 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
         foreach=group["foreach"],
         noise_ranks=noise_ranks,
         noise_sqs=noise_sqs,
+        group_sqs=group_sqs if v_every else None,
+        group_updates=group_updates,
+        v_every=v_every or 1,
     )
 
 
@@ -244,28 +253,45 @@ def accum_adamw(
     foreach: bool | None = None,
     noise_ranks: int = 1,
     noise_sqs: list[Tensor] | None = None,
+    group_sqs: list[Tensor | None] | None = None,
+    group_updates: list[int] | None = None,
+    v_every: int = 1,
 ) -> None:
     """Functional AccumAdamW: the update of :class:`AccumAdamW`, in place on every list.
 
     ``grad_accums`` may be empty when ``accum_steps == 1``, ``noise_sqs`` when ``noise_ranks == 1``.
     ``state_steps`` are incremented here.
+
+    ``group_sqs`` (``noise_ranks > 1`` only): per parameter ``A``, the second moment of the mean
+    gradient that :class:`~decentadam.DecentralizedAdam` (``second_moment="group_gradient"``)
+    estimates from its exchange group's gradients, updated ``group_updates`` (``u``) times, every
+    ``v_every`` (``k``) steps, or ``None`` where ``u = 0``. Where given it replaces the noise
+    correction: ``v = max(A / (1 - beta2**(k u)), V / (1 - beta2**t) / n)``.
     """
     noise_sqs = noise_sqs if noise_sqs is not None else []
+    group_sqs = group_sqs if group_sqs is not None else [None] * len(params)
+    u_values = group_updates if group_updates is not None else [0] * len(params)
     if accum_steps > 1 and len(grad_accums) != len(params):
         raise ValueError("accum_steps > 1 needs one grad_accum tensor per parameter")
     if noise_ranks > 1 and (accum_steps > 1 or len(noise_sqs) != len(params)):
         raise ValueError("noise_ranks > 1 needs accum_steps == 1 and one noise_sq tensor per parameter")
+    if any(a is not None for a in group_sqs) and noise_ranks == 1:
+        raise ValueError("group_sqs replace the noise correction: they need noise_ranks > 1")
+    u_values = [u if a is not None else 0 for a, u in zip(group_sqs, u_values, strict=True)]
     if foreach is None:
         foreach = all(p.device.type in ("cpu", "cuda") for p in params)
     for step in state_steps:
         step += 1
     t_values = [int(step.item()) for step in state_steps]
-    hyper = _Hyper(lr, beta1, beta2, eps, weight_decay, accum_steps, noise_ranks)
+    hyper = _Hyper(lr, beta1, beta2, eps, weight_decay, accum_steps, noise_ranks, v_every)
     extra = grad_accums if accum_steps > 1 else noise_sqs if noise_ranks > 1 else []
     if foreach:
-        for index_list in _group_for_foreach(params, grads, t_values, accum_steps):
+        for index_list in _group_for_foreach(params, grads, t_values, u_values):
+            u = u_values[index_list[0]]
             lists = [params, grads, exp_avgs, exp_avg_sqs] + ([extra] if extra else [])
             selected = [[tensors[i] for i in index_list] for tensors in lists]
+            if u > 0:  # every parameter of this list has its A
+                selected.append([a for i in index_list if (a := group_sqs[i]) is not None])
             for p_, g_, m_, v_, *b_ in _cpu_chunks(selected):
                 _foreach_accum_adamw(
                     p_,
@@ -276,6 +302,8 @@ def accum_adamw(
                     t_values[index_list[0]],
                     hyper,
                     b_[0] if noise_ranks > 1 else [],
+                    b_[1] if u > 0 else [],
+                    u,
                 )
     else:
         for i, param in enumerate(params):
@@ -288,6 +316,8 @@ def accum_adamw(
                 t_values[i],
                 hyper,
                 noise_sqs[i] if noise_ranks > 1 else None,
+                group_sqs[i],
+                u_values[i],
             )
 
 
@@ -299,6 +329,7 @@ class _Hyper(NamedTuple):
     weight_decay: float
     accum_steps: int
     noise_ranks: int = 1
+    v_every: int = 1
 
     def bias_corrections(self, t: int) -> tuple[float, float]:
         """(1 - beta1**k, sqrt(1 - beta2**k)) with k = ceil(t / s), the window number."""
@@ -316,6 +347,10 @@ class _Hyper(NamedTuple):
             1.0 - 1.0 / self.noise_ranks,
         )
 
+    def group_correction(self, u: int) -> float:
+        """``1 - beta2**(k u)``: the bias correction of ``A`` after ``u`` updates, one per ``k`` steps."""
+        return 1.0 - self.beta2 ** (self.v_every * u)
+
 
 def _single_accum_adamw(
     param: Tensor,
@@ -326,8 +361,10 @@ def _single_accum_adamw(
     t: int,
     hyper: _Hyper,
     noise_sq: Tensor | None = None,
+    group_sq: Tensor | None = None,
+    u: int = 0,
 ) -> None:
-    lr, beta1, beta2, eps, weight_decay, accum_steps, _ = hyper
+    lr, beta1, beta2, eps, weight_decay, accum_steps = hyper[:6]
     bias_correction1, bias_correction2_sqrt = hyper.bias_corrections(t)
     if weight_decay != 0.0:
         param.mul_(1.0 - lr * weight_decay)
@@ -339,9 +376,12 @@ def _single_accum_adamw(
         exp_avg.lerp_(grad, 1.0 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
         m = exp_avg
-        if noise_sq is not None and t > 1:
+        if noise_sq is not None and (t > 1 or group_sq is not None):
             second = exp_avg_sq / bias_correction2_sqrt**2  # v, bias-corrected
-            corrected = torch.add(second, noise_sq, alpha=-share * noise_scale)
+            if group_sq is not None:  # A from the exchange group's gradients replaces V - (1 - 1/n) S
+                corrected = group_sq / hyper.group_correction(u)
+            else:
+                corrected = torch.add(second, noise_sq, alpha=-share * noise_scale)
             denom = torch.maximum(corrected, second.div_(hyper.noise_ranks)).sqrt_().add_(eps)
             param.addcdiv_(m, denom, value=-lr / bias_correction1)
             return
@@ -368,22 +408,28 @@ def _foreach_accum_adamw(
     t: int,
     hyper: _Hyper,
     noise_sqs: list[Tensor] | None = None,
+    group_sqs: list[Tensor] | None = None,
+    u: int = 0,
 ) -> None:
-    lr, beta1, beta2, eps, weight_decay, accum_steps, _ = hyper
+    lr, beta1, beta2, eps, weight_decay, accum_steps = hyper[:6]
     bias_correction1, bias_correction2_sqrt = hyper.bias_corrections(t)
     if weight_decay != 0.0:
         torch._foreach_mul_(params, 1.0 - lr * weight_decay)
-    if noise_sqs and t > 1:  # see _single_accum_adamw
-        momentum_scale, weight, noise_scale, share = hyper.noise_terms(t)
-        deviations = torch._foreach_mul(exp_avgs, momentum_scale)
-        torch._foreach_sub_(deviations, grads)  # sign does not matter: it is squared
-        torch._foreach_mul_(noise_sqs, beta2)
-        torch._foreach_addcmul_(noise_sqs, deviations, deviations, value=weight)
+    if noise_sqs and (t > 1 or group_sqs):  # see _single_accum_adamw
+        if t > 1:
+            momentum_scale, weight, noise_scale, share = hyper.noise_terms(t)
+            deviations = torch._foreach_mul(exp_avgs, momentum_scale)
+            torch._foreach_sub_(deviations, grads)  # sign does not matter: it is squared
+            torch._foreach_mul_(noise_sqs, beta2)
+            torch._foreach_addcmul_(noise_sqs, deviations, deviations, value=weight)
         torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
         torch._foreach_mul_(exp_avg_sqs, beta2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
         second = torch._foreach_div(exp_avg_sqs, bias_correction2_sqrt**2)
-        corrected = torch._foreach_add(second, noise_sqs, alpha=-share * noise_scale)
+        if group_sqs:
+            corrected = torch._foreach_div(group_sqs, hyper.group_correction(u))
+        else:
+            corrected = torch._foreach_add(second, noise_sqs, alpha=-share * noise_scale)
         torch._foreach_div_(second, hyper.noise_ranks)
         torch._foreach_maximum_(corrected, second)
         torch._foreach_sqrt_(corrected)
@@ -448,11 +494,12 @@ def _cpu_chunks(lists: list[list[Tensor]]) -> list[list[list[Tensor]]]:
 
 
 def _group_for_foreach(
-    params: list[Tensor], grads: list[Tensor], t_values: list[int], accum_steps: int
+    params: list[Tensor], grads: list[Tensor], t_values: list[int], u_values: list[int]
 ) -> list[list[int]]:
-    """Indices grouped so that each foreach call sees one device, one dtype and one step count."""
-    buckets: dict[tuple[torch.device, torch.dtype, torch.dtype, int], list[int]] = {}
+    """Indices grouped so that each foreach call sees one device, one dtype, one step count and one
+    count of group-gradient updates."""
+    buckets: dict[tuple[torch.device, torch.dtype, torch.dtype, int, int], list[int]] = {}
     for i, (param, grad) in enumerate(zip(params, grads, strict=True)):
-        key = (param.device, param.dtype, grad.dtype, t_values[i])
+        key = (param.device, param.dtype, grad.dtype, t_values[i], u_values[i])
         buckets.setdefault(key, []).append(i)
     return list(buckets.values())

@@ -112,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="multi-node groups summed in three phases (DecentralizedAdam on gloo; NCCL: flat rings)",
     )
     parser.add_argument(
+        "--v-every",
+        type=_count,
+        default=None,
+        help="second_moment='group_gradient': a gradient sum with the parameters every K steps "
+        "(bfloat16 in a pair, float32 in a larger group)",
+    )
+    parser.add_argument(
         "--straggler",
         type=_positive,
         default=1.0,
@@ -202,5 +209,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Cluster, Workload]:
         update_overlaps_comm=not args.update_blocks_comm,
         compute_scale=scale,
         hierarchical=args.hierarchical,
+        gradient_values=args.params if args.v_every else 0.0,
+        v_every=args.v_every or 2,
     )
     return cluster, work

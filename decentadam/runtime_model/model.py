@@ -19,6 +19,11 @@ Inputs (all measurable without running the training job itself)
 ``U_ar``     time of the optimizer step after All-Reduce (AdamW on the whole model), ``U_dec`` time of
              DecentralizedAdam's step (mix + AccumAdamW + copy into the send buffer). Both are local,
              memory-bandwidth-bound work; measure them once for the model on the target hardware.
+``P, k``     with ``second_moment="group_gradient"``: the values of one gradient sum (``P = numel``)
+             that DecentralizedAdam sends with the parameters to the group of every ``k``-th step;
+             a group of two sums them in bfloat16 (``G = 2 P`` bytes), a larger group in float32
+             (``G = 4 P``). A step whose exchange carries it sums ``S + G`` bytes instead of ``S``,
+             so ``G / k`` more per step on average.
 
 Communication: one group sum is a ring all-reduce (gloo and NCCL both use rings for large buffers)
 --------------------------------------------------------------------------------------------------
@@ -102,7 +107,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from decentadam.collectives import node_layout
@@ -190,10 +195,20 @@ class Workload:
     """Per-rank multipliers of C (a straggler: (1, 2, 1, ...)); empty: all ranks equal."""
     hierarchical: bool = False
     """Whether DecentralizedAdam sums multi-node groups hierarchically (it does on gloo, not on NCCL)."""
+    gradient_values: float = 0.0
+    """P: values of the gradient sum of ``second_moment="group_gradient"`` (``numel``), sent with the
+    parameters every ``v_every`` steps, 2 bytes each to a group of two (bfloat16), 4 to a larger one
+    (float32); 0: another second moment, no gradient is sent."""
+    v_every: int = 2
+    """k: DecentralizedAdam's ``v_every``, the steps between two gradient sums."""
 
     def __post_init__(self) -> None:
         if not self.param_bytes > 0:
             raise ValueError(f"param_bytes must be > 0, got {self.param_bytes}")
+        if not self.gradient_values >= 0:
+            raise ValueError(f"gradient_values must be >= 0, got {self.gradient_values}")
+        if self.v_every < 1:
+            raise ValueError(f"v_every must be >= 1, got {self.v_every}")
         for name in ("compute_s", "update_s", "allreduce_update_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -209,6 +224,22 @@ class Workload:
     def compute_of(self, rank: int) -> float:
         scale = self.compute_scale[rank] if rank < len(self.compute_scale) else 1.0
         return self.compute_s * scale
+
+    def exchange_bytes(self, step: int, group: Group) -> float:
+        """Bytes one rank sums with its ``group`` of ``step``: the parameters, and every
+        ``v_every``-th step the gradient of ``second_moment="group_gradient"`` (bfloat16 in a group
+        of two, float32 in a larger one)."""
+        if step % self.v_every:
+            return self.param_bytes
+        return self.param_bytes + self.gradient_values * (2 if len(group) == 2 else 4)
+
+    def round_bytes(self, topology: Topology, step: int) -> dict[Group, float]:
+        """:meth:`exchange_bytes` of each group of ``step``."""
+        return {group: self.exchange_bytes(step, group) for group in topology.groups(step)}
+
+    def rounds(self, topology: Topology) -> int:
+        """Steps after which the topology's groups and the gradient sums repeat."""
+        return math.lcm(topology.period, self.v_every) if self.gradient_values else topology.period
 
 
 @dataclass(frozen=True)
@@ -235,8 +266,16 @@ def ring_edges(group: Group) -> list[tuple[int, int]]:
     return [(group[i], group[(i + 1) % len(group)]) for i in range(len(group))]
 
 
+Bytes = float | Mapping[Group, float]
+"""What the groups of a round sum: the same bytes for every group, or each group's."""
+
+
+def _bytes_of(nbytes: Bytes, group: Group) -> float:
+    return nbytes if isinstance(nbytes, (int, float)) else nbytes[group]
+
+
 def group_sum_times(
-    groups: Sequence[Group], cluster: Cluster, nbytes: float, hierarchical: bool = False
+    groups: Sequence[Group], cluster: Cluster, nbytes: Bytes, hierarchical: bool = False
 ) -> dict[Group, float]:
     """Seconds until each concurrent group of a round has summed ``nbytes`` (see the module doc).
 
@@ -265,13 +304,13 @@ def _rings(group: Group, cluster: Cluster, nbytes: float, hierarchical: bool) ->
 
 
 def group_phase_times(
-    groups: Sequence[Group], cluster: Cluster, nbytes: float, hierarchical: bool = False
+    groups: Sequence[Group], cluster: Cluster, nbytes: Bytes, hierarchical: bool = False
 ) -> dict[Group, tuple[float, ...]]:
     """Seconds of each phase of each concurrent group's sum: one phase for a flat ring, three for a
     hierarchical sum (reduce-scatter in the nodes, all-reduce across them, all-gather)."""
     out_load = [0.0] * cluster.nodes
     in_load = [0.0] * cluster.nodes
-    phases_of = {group: _rings(group, cluster, nbytes, hierarchical) for group in groups}
+    phases_of = {group: _rings(group, cluster, _bytes_of(nbytes, group), hierarchical) for group in groups}
     for phases in phases_of.values():
         for _, phase in phases:
             for ring, per_edge in phase:
@@ -304,11 +343,11 @@ def group_phase_times(
     return times
 
 
-def _round_traffic(groups: Round, cluster: Cluster, nbytes: float, hierarchical: bool) -> tuple[float, float]:
+def _round_traffic(groups: Round, cluster: Cluster, nbytes: Bytes, hierarchical: bool) -> tuple[float, float]:
     """(mean bytes sent per rank, mean inter-node bytes sent per rank) for one round."""
     sent, inter = 0.0, 0.0
     for group in groups:
-        for _, phase in _rings(group, cluster, nbytes, hierarchical):
+        for _, phase in _rings(group, cluster, _bytes_of(nbytes, group), hierarchical):
             for ring, per_edge in phase:
                 for a, b in ring_edges(ring):
                     sent += per_edge
@@ -332,9 +371,10 @@ def _simulate_gossip(
     buckets = max(1, math.ceil(work.param_bytes / work.bucket_bytes))
     u = update_s / buckets
     f = work.forward_fraction
+    cycle = work.rounds(topology)
     comm = [
-        group_phase_times(topology.groups(t), cluster, work.param_bytes, work.hierarchical)
-        for t in range(topology.period)
+        group_phase_times(topology.groups(t), cluster, work.round_bytes(topology, t), work.hierarchical)
+        for t in range(cycle)
     ]
     ends = [[0.0] * n]
     done = [[0.0] * n for _ in range(buckets)]  # done[k][i]: rank i updated bucket k (exchange starts)
@@ -346,7 +386,7 @@ def _simulate_gossip(
         ]
         arrived = [[0.0] * n for _ in range(buckets)]
         for k in range(buckets):
-            for group, phases in comm[t % topology.period].items():
+            for group, phases in comm[t % cycle].items():
                 if len(group) > 1:
                     began = max(max(done[k][j], channel[j]) for j in group)
                     for i in group:
@@ -399,19 +439,23 @@ def predict(method: str, cluster: Cluster, work: Workload, periods: int = 8) -> 
         bound = _simulate_allreduce(cluster, work, 0.0, steps)
     else:
         topology = build(method, n, cluster.ranks_per_node)
-        steps = max(48, topology.period * periods)  # the slope is taken over the second half
+        steps = max(48, work.rounds(topology) * periods)  # the slope is taken over the second half
         iteration = _simulate_gossip(topology, cluster, work, work.update_s, steps)
         bound = _simulate_gossip(topology, cluster, work, 0.0, steps)
     comm, sent, inter = 0.0, 0.0, 0.0
-    hierarchical = work.hierarchical and method != ALLREDUCE
-    for t in range(topology.period):
-        times = group_sum_times(topology.groups(t), cluster, work.param_bytes, hierarchical)
+    gossip = method != ALLREDUCE
+    hierarchical = work.hierarchical and gossip
+    cycle = work.rounds(topology) if gossip else topology.period
+    for t in range(cycle):
+        nbytes: Bytes = work.round_bytes(topology, t) if gossip else work.param_bytes
+        times = group_sum_times(topology.groups(t), cluster, nbytes, hierarchical)
         comm += max(times.values())
-        round_sent, round_inter = _round_traffic(topology.rounds[t], cluster, work.param_bytes, hierarchical)
+        round_sent, round_inter = _round_traffic(
+            topology.rounds[t % topology.period], cluster, nbytes, hierarchical
+        )
         sent += round_sent
         inter += round_inter
-    period = topology.period
-    return Prediction(method, iteration, bound, comm / period, inter / period, sent / period)
+    return Prediction(method, iteration, bound, comm / cycle, inter / cycle, sent / cycle)
 
 
 def predict_all(cluster: Cluster, work: Workload, methods: Sequence[str] = METHODS) -> list[Prediction]:

@@ -7,8 +7,8 @@
                                   in DDP with ``accelerator.prepare``: every rank holds one model
 ``allreduce``        ``sgd``      ``torch.optim.SGD`` with momentum, under DDP the same way
 ``decentralized``    ``adamw``    ``decentadam.DecentralizedAdam`` (AccumAdamW, betas_decentralized,
-                                  ``second_moment``, window ``accum_steps``, ``topology``): each rank
-                                  its own copy
+                                  ``second_moment`` and its ``v_every``, window ``accum_steps``,
+                                  ``topology``): each rank its own copy
 ``a2cid2``           ``adamw``    ``decentadam.A2CiD2`` around a local ``AccumAdamW``
 ``a2cid2``           ``sgd``      ``decentadam.A2CiD2`` around a local SGD with momentum
 ===================  ===========  ==================================================================
@@ -41,7 +41,7 @@ __all__ = [
 
 OPTIMIZERS = ("allreduce", "decentralized", "a2cid2")
 ALGORITHMS = ("adamw", "sgd")
-SECOND_MOMENTS = ("all_ranks", "local")
+SECOND_MOMENTS = ("all_ranks", "local", "group_gradient")
 
 
 def is_decentralized(optimizer: str) -> bool:
@@ -72,6 +72,7 @@ def build_optimizer(
     nesterov: bool = False,
     accum_steps: int = 1,
     second_moment: str = "all_ranks",
+    v_every: int = 2,
     topology: str = "aer",
     local_world_size: int = 0,
     world_size: int = 1,
@@ -85,11 +86,13 @@ def build_optimizer(
 
     ``local_world_size`` 0 takes the launcher's ``LOCAL_WORLD_SIZE``; a value above ``world_size``
     is capped to it (one node). ``second_moment="all_ranks"`` gives the local AccumAdamW of A2CiD2
-    the same correction as DecentralizedAdam (``noise_ranks = world_size``). Raises ConfigError for
-    an unknown optimizer or algorithm, and for a decentralized run with ``sgd`` (DecentralizedAdam is
-    AccumAdamW). ``communicator`` replaces DecentralizedAdam's torch.distributed collectives (the
-    time-to-quality benchmark times its step with exchanges that finish at once). ``timeout``: the
-    seconds DecentralizedAdam waits for one exchange before raising (None: the process group's).
+    the same correction as DecentralizedAdam (``noise_ranks = world_size``); ``"group_gradient"``
+    (DecentralizedAdam only) sends the gradient with the parameters every ``v_every`` steps, which is
+    ignored with the other second moments. Raises ConfigError for an unknown optimizer or algorithm,
+    and for a decentralized run with ``sgd`` (DecentralizedAdam is AccumAdamW). ``communicator``
+    replaces DecentralizedAdam's torch.distributed collectives (the time-to-quality benchmark times
+    its step with exchanges that finish at once). ``timeout``: the seconds DecentralizedAdam waits
+    for one exchange before raising (None: the process group's).
     """
     from decentadam import A2CiD2, AccumAdamW, DecentralizedAdam
 
@@ -104,17 +107,26 @@ def build_optimizer(
             "use optim.algorithm=adamw, or --optimizer a2cid2 for gossip around SGD"
         )
     check_choice("optim.second_moment", second_moment, SECOND_MOMENTS)
-    if second_moment == "all_ranks" and accum_steps > 1 and optimizer != "allreduce" and algorithm == "adamw":
+    if second_moment != "local" and accum_steps > 1 and optimizer != "allreduce" and algorithm == "adamw":
         raise ConfigError(
-            f"optim.accum_steps = {accum_steps} with optim.second_moment = 'all_ranks': the corrected second "
-            "moment replaces the accumulation window; set optim.accum_steps=1, or optim.second_moment=local "
-            "for the paper's AccumAdam"
+            f"optim.accum_steps = {accum_steps} with optim.second_moment = {second_moment!r}: the corrected "
+            "second moment replaces the accumulation window; set optim.accum_steps=1, or "
+            "optim.second_moment=local for the paper's AccumAdam"
+        )
+    if not (isinstance(v_every, int) and v_every >= 1):
+        raise ConfigError(f"optim.v_every = {v_every}: expected a positive integer (steps between gradients)")
+    if second_moment == "group_gradient" and optimizer == "a2cid2":
+        raise ConfigError(
+            "optim.second_moment = 'group_gradient' sends the gradient with DecentralizedAdam's parameter "
+            "exchange, which A2CiD2 does not have: use optim.second_moment=all_ranks (or local) with "
+            "--optimizer a2cid2, or --optimizer decentralized"
         )
     groups = param_groups(model, weight_decay)
     if optimizer == "decentralized":
         return DecentralizedAdam(  # decentadam: each rank keeps its own copy, averaged with neighbours
             groups, lr=lr, betas=betas_decentralized, eps=eps, weight_decay=weight_decay,
-            accum_steps=accum_steps, second_moment=second_moment, topology=topology,  # type: ignore[arg-type]
+            accum_steps=accum_steps, second_moment=second_moment,  # type: ignore[arg-type]
+            v_every=v_every if second_moment == "group_gradient" else None, topology=topology,
             local_world_size=min(local_world_size, world_size) if local_world_size else None,
             communicator=communicator, timeout=timeout,
         )  # fmt: skip

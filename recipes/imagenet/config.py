@@ -93,8 +93,11 @@ class OptimConfig:
     """Decentralized graph: ``aer``, ``complete``, ``ring`` or ``one-peer-exp``."""
     second_moment: str = "all_ranks"
     """AccumAdamW's second moment, decentralized or under A2CiD2: ``all_ranks`` (that of the mean
-    gradient over all ranks, estimated on each rank; needs accum_steps = 1) or ``local`` (each rank's
-    own: the paper's AccumAdam)."""
+    gradient over all ranks, estimated on each rank; needs accum_steps = 1), ``group_gradient``
+    (DecentralizedAdam only: estimated from the exchange group's gradients, sent with the parameters
+    every ``v_every`` steps) or ``local`` (each rank's own: the paper's AccumAdam)."""
+    v_every: int = 2
+    """With ``second_moment = "group_gradient"``: steps between two gradient exchanges (k)."""
     accum_steps: int = 1
     """AccumAdam window s (with ``second_moment = "local"``): the moments advance once per s steps
     with the window's mean gradient."""

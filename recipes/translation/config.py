@@ -91,7 +91,11 @@ class OptimConfig:
     """Graph of the parameter averaging: ``aer``, ``complete``, ``ring``, ``one-peer-exp``."""
     second_moment: str = "all_ranks"
     """DecentralizedAdam's second moment: ``all_ranks`` (that of the mean gradient over all ranks,
-    estimated on each rank; needs accum_steps = 1) or ``local`` (each rank's own: the paper's)."""
+    estimated on each rank; needs accum_steps = 1), ``group_gradient`` (estimated from the exchange
+    group's gradients, sent with the parameters every ``v_every`` steps; accum_steps = 1) or
+    ``local`` (each rank's own: the paper's)."""
+    v_every: int = 2
+    """With ``second_moment = "group_gradient"``: steps between two gradient exchanges (k)."""
     accum_steps: int = 1
     """AccumAdam window s (with ``second_moment = "local"``): the moments advance once per s steps
     with the window's mean gradient."""
