@@ -7,6 +7,7 @@ import io
 import os
 import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -110,8 +111,12 @@ def run_distributed(
                 raise AssertionError(f"rank {rank} failed:\n{value}")
             collected[rank] = torch.load(io.BytesIO(value), weights_only=False)
     finally:
+        for rank in allow_missing:  # stalled (or dead) on purpose: nothing to wait for
+            processes[rank].kill()
+        end = time.monotonic() + 5.0  # the others' grace to leave, together rather than each
         for process in processes:
-            process.join(timeout=5)
+            process.join(timeout=max(end - time.monotonic(), 0.0))
             if process.is_alive():
                 process.kill()
+                process.join()
     return [collected.get(rank) for rank in range(world_size)]
