@@ -8,6 +8,7 @@ with its signature), not the score.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -75,9 +76,14 @@ def test_train_checkpoint_resume_and_bleu(optimizer: str, corpus: Path, tmp_path
     ]
     assert [p["valid_nll"] for p in result["curve"]] == pytest.approx(recipe_nll, rel=1e-5)
 
-    # resume: 2 steps, stop, 2 more == 4 straight steps: bit for bit with decentadam; under DDP up to
-    # the order of its gradient sums (DDP regroups its buckets after the first iteration of a process)
-    launch(*settings, f"train.output_dir={resumed}", "train.max_steps=2")
+    # resume from step 2 == 4 straight steps: bit for bit with decentadam; under DDP up to the order
+    # of its gradient sums (DDP regroups its buckets after the first iteration of a process). The run
+    # directory is what a kill after step 4's evaluation leaves: metrics.jsonl up to step 4, checkpoints
+    # up to step 2; the resume drops the metrics of the steps it redoes.
+    resumed.mkdir()
+    shutil.copytree(straight / "step-2", resumed / "step-2")
+    for name in ("config.toml", "metrics.jsonl"):
+        shutil.copy(straight / name, resumed / name)
     output = launch(*settings, f"train.output_dir={resumed}", "train.max_steps=4", "--resume")
     assert "resumed from" in output and "at step 2" in output
     ours, reference = weights(resumed / "step-4"), weights(straight / "step-4")
