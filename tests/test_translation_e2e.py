@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ pytest.importorskip("sacrebleu", reason="eval.bleu needs pip install '.[recipes]
 pytest.importorskip("accelerate", reason="the translation recipe needs pip install '.[recipes]'")
 
 from benchmarks.parity import workers
+from eval import bleu, contract
 from recipes.common.launch import accelerate_launch, environment
 from recipes.translation import synthetic
 
@@ -102,12 +102,10 @@ def test_train_checkpoint_resume_and_bleu(optimizer: str, corpus: Path, tmp_path
     assert model.config.model_type == "marian" and len(tokenizer) <= 200
     if optimizer == "decentralized":
         return  # BLEU once is enough: eval.bleu only reads the HF directory
-    process = subprocess.run(
-        [sys.executable, "-m", "eval.bleu", str(straight), "--average-last", "2", "--data", str(corpus),
-         "--split", "test", "--src", "en", "--tgt", "de", "--max-len-b", "5"],
-        capture_output=True, text=True, timeout=120, env=environment(),
-    )  # fmt: skip
-    assert process.returncode == 0, process.stderr[-3000:]
-    scores = json.loads(process.stdout)
+    # eval.bleu's command line, in this process (tests/test_bleu.py runs it as a program)
+    scores = contract.main(bleu.parser(), bleu._evaluate, [
+        str(straight), "--average-last", "2", "--data", str(corpus), "--split", "test", "--src", "en",
+        "--tgt", "de", "--max-len-b", "5",
+    ])  # fmt: skip
     assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     assert scores["sentences"] == 12 and scores["checkpoints"] == [str(straight / "step-2"), str(checkpoint)]
