@@ -112,6 +112,10 @@ def test_decentralized_run_learns_checkpoints_averaged_batchnorm_resumes_exactly
     assert timeless[0] == timeless[1]  # accuracy and loss at step 40
 
 
+# slow (about 27 s on 2 cores): the recipe's DDP branch end to end. The default suite runs that branch
+# in one process in tests/test_host_reads.py, DDP's exact save and resume in tests/test_checkpoint.py,
+# and the refused second start in tests/test_recipes_common.py. `make test-slow` (CI) runs it.
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_allreduce_baseline_learns_and_refuses_a_second_start(digits: Path, tmp_path: Path) -> None:
     run = tmp_path / "allreduce"
@@ -124,6 +128,10 @@ def test_allreduce_baseline_learns_and_refuses_a_second_start(digits: Path, tmp_
     assert again.returncode != 0 and "already holds checkpoints (step-40): pass --resume" in again.stderr
 
 
+# slow (about 19 s on 2 cores): the recipe's A2CiD2 branch end to end. The default suite runs A2CiD2
+# through Accelerate's prepare with per-rank checkpoints in tests/test_accelerate.py and its
+# convergence on 4 processes in tests/test_a2cid2.py. `make test-slow` (CI) runs it.
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a2cid2_run_learns_asynchronously_and_checkpoints_the_consensus(digits: Path, tmp_path: Path) -> None:
     run = tmp_path / "a2cid2"
