@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: venv demo test lint
+.PHONY: venv demo test test-slow lint
 
 venv: $(VENV)/.stamp
 
@@ -36,3 +36,8 @@ test: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q
+
+# The tests marked slow (end-to-end benchmark commands, end-to-end runs that repeat a default path
+# through another optimizer, the full chaos and soak runs): CI runs them after `make test`.
+test-slow: venv
+	$(BIN)/pytest -q -m slow

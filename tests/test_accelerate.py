@@ -34,7 +34,9 @@ def launch(out: Path, scenarios: str, *extra: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    scenarios = "loop,fp16,fp16_resume,backward"
+    """One launch for every scenario without mixed precision (each launch costs 4 imports of torch
+    and accelerate); each scenario builds its own Accelerator, model and optimizer."""
+    scenarios = "loop,fp16,fp16_resume,backward,a2cid2"
     return launch(tmp_path_factory.mktemp("accelerate"), scenarios, "--mixed_precision", "no")
 
 
@@ -139,9 +141,9 @@ def test_bf16_autocast(tmp_path: Path) -> None:
         assert all(torch.isfinite(torch.tensor(result["losses"])))
 
 
-def test_a2cid2_trains_without_ddp_and_checkpoints_each_rank(tmp_path: Path) -> None:
-    runs = [r["a2cid2"] for r in launch(tmp_path, "a2cid2", "--mixed_precision", "no")]
-    for result in runs:
+def test_a2cid2_trains_without_ddp_and_checkpoints_each_rank(runs: list[dict[str, Any]]) -> None:
+    a2cid2 = [r["a2cid2"] for r in runs]
+    for result in a2cid2:
         assert not result["wrapped_by_ddp"]
         assert result["scaler_type"] == "GradScaler"  # skips stay local: nothing runs in lockstep
         assert result["step_count"] == 6
@@ -157,8 +159,8 @@ def test_a2cid2_trains_without_ddp_and_checkpoints_each_rank(tmp_path: Path) -> 
         for saved, reloaded in zip(result["saved_offsets"], result["reloaded_offsets"], strict=True):
             torch.testing.assert_close(reloaded, saved, rtol=0, atol=0)
         assert result["reloaded_step_count"] == 6
-        torch.testing.assert_close(result["final_weights"], runs[0]["final_weights"], rtol=0, atol=0)
-    assert any(not torch.equal(r["saved_weights"], runs[0]["saved_weights"]) for r in runs[1:])
-    logged = runs[0]["logged"]  # accelerator.log writes on the main process only
+        torch.testing.assert_close(result["final_weights"], a2cid2[0]["final_weights"], rtol=0, atol=0)
+    assert any(not torch.equal(r["saved_weights"], a2cid2[0]["saved_weights"]) for r in a2cid2[1:])
+    logged = a2cid2[0]["logged"]  # accelerator.log writes on the main process only
     assert [step for _, step in logged] == [3, 6]
     assert "decentadam/consensus_distance_rel" in logged[0][0]

@@ -61,23 +61,29 @@ def test_label_names_are_matched_by_name(public_checkpoint: Path, tmp_path: Path
 
 
 def test_command_line_prints_json_writes_output_and_exits_with_the_error_kind(
-    public_checkpoint: Path, tmp_path: Path
+    public_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = folder(tmp_path / "data", ["a", "b", "c"], per_class=1)
-
-    def command_line(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "eval.accuracy", *args]
-        return subprocess.run(command, capture_output=True, text=True, timeout=120, env=environment())
-
-    done = command_line(str(public_checkpoint), "--data", str(data), "--output", str(tmp_path / "out.json"))
+    # the entry point, once, in a process of its own: the JSON on stdout and in --output, exit code 0
+    command = [sys.executable, "-m", "eval.accuracy", str(public_checkpoint), "--data", str(data)]
+    command += ["--output", str(tmp_path / "out.json")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=environment())
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == json.loads((tmp_path / "out.json").read_text())
     assert json.loads(done.stdout)["images"] == 3
-    missing = command_line(str(public_checkpoint), "--data", str(data), "--split", "test")
-    assert missing.returncode == 3 and f"error: {data / 'test'}: no such folder" in missing.stderr
-    assert missing.stdout == ""
-    not_a_model = command_line(str(data), "--data", str(data))
-    assert not_a_model.returncode == 4 and "not an image-classification checkpoint" in not_a_model.stderr
+
+    def command_line(*args: str) -> tuple[int | str | None, str, str]:
+        """The same command line in this process (what its ``__main__`` runs): exit code, stdout, stderr."""
+        with pytest.raises(SystemExit) as exit_info:
+            contract.main(accuracy.parser(), accuracy._evaluate, list(args))
+        out, err = capsys.readouterr()
+        return exit_info.value.code, out, err
+
+    code, out, err = command_line(str(public_checkpoint), "--data", str(data), "--split", "test")
+    assert code == 3 and f"error: {data / 'test'}: no such folder" in err
+    assert out == ""
+    code, _, err = command_line(str(data), "--data", str(data))
+    assert code == 4 and "not an image-classification checkpoint" in err
     ten = folder(tmp_path / "ten", [f"c{i}" for i in range(10)], per_class=1)  # 10 classes, 3 labels
-    mismatch = command_line(str(public_checkpoint), "--data", str(ten))
-    assert mismatch.returncode == 5 and "no way to match them" in mismatch.stderr
+    code, _, err = command_line(str(public_checkpoint), "--data", str(ten))
+    assert code == 5 and "no way to match them" in err

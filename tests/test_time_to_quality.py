@@ -399,6 +399,11 @@ needs_netns = pytest.mark.skipif(
 )
 
 
+# slow: the whole benchmark end to end (calibration, three trainings in the emulated cluster, BLEU,
+# the report), about 90 s on 2 cores. The default suite keeps its parts: the report, notes and
+# arguments above, the cluster in tests/test_cluster_netns.py, the recipe's training and eval.bleu in
+# tests/test_translation_e2e.py. `make test-slow` (CI) runs it.
+@pytest.mark.slow
 @needs_netns
 @pytest.mark.timeout(400)
 def test_the_command_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:

@@ -20,27 +20,62 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKER = str(ROOT / "tests" / "trainer_worker.py")
 
 
-def launch(out: Path, scenario: str, run_dir: Path, world: int) -> list[dict[str, Any]]:
-    out.mkdir(parents=True, exist_ok=True)
+def launch(world: int, *runs: tuple[Path, str, Path]) -> list[list[dict[str, Any]]]:
+    """Each ``(OUT, SCENARIO, RUN_DIR)`` of ``runs`` in turn, in one launch of ``world`` processes (one:
+    plain python); by run, every rank's results."""
+    arguments = []
+    for out, scenario, run_dir in runs:
+        out.mkdir(parents=True, exist_ok=True)
+        arguments += [str(out), scenario, str(run_dir)]
     if world == 1:
-        command = [sys.executable, WORKER, str(out), scenario, str(run_dir)]
+        command = [sys.executable, WORKER, *arguments]
     else:
         command = [
             sys.executable, "-m", "accelerate.commands.launch",
             "--multi_gpu", "--num_processes", str(world), "--num_machines", "1",
             "--dynamo_backend", "no", "--mixed_precision", "no",
-            WORKER, str(out), scenario, str(run_dir),
+            WORKER, *arguments,
         ]  # fmt: skip
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     process = subprocess.run(command, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-6000:]
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    return [[torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)] for out, _, _ in runs]
 
 
 @pytest.fixture(scope="module")
 def fresh(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
     base = tmp_path_factory.mktemp("trainer")
-    return base / "run", launch(base / "out", "fresh", base / "run", WORLD)
+    (results,) = launch(WORLD, (base / "out", "fresh", base / "run"))
+    return base / "run", results
+
+
+@pytest.fixture(scope="module")
+def resumed(
+    fresh: tuple[Path, list[dict[str, Any]]], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One launch of 4 processes for two resumes of the fresh run: a copy of it whose newest checkpoint
+    is incomplete, then its checkpoint-3 (saved with aer) with topology ring; every rank's results."""
+    run_dir, _ = fresh
+    base = tmp_path_factory.mktemp("resumed")
+    shutil.copytree(run_dir, base / "run")
+    (base / "run" / "checkpoint-6" / "trainer_state.json").unlink()  # as if killed while saving step 6
+    resume = (base / "out-resume", "resume-last", base / "run")
+    ring = (base / "out-ring", f"topology:ring={run_dir / 'checkpoint-3'}", base / "ring")
+    last, refused = launch(WORLD, resume, ring)
+    return last, refused
+
+
+@pytest.fixture(scope="module")
+def single(
+    fresh: tuple[Path, list[dict[str, Any]]], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One process, two trainers: the fresh run, then the 4-process run's checkpoint-3 resumed."""
+    run_dir, _ = fresh
+    base = tmp_path_factory.mktemp("single")
+    alone = (base / "out-fresh", "fresh", base / "fresh")
+    resume = (base / "out-resume", str(run_dir / "checkpoint-3"), base / "resume")
+    (fresh_run,), (resumed_run,) = launch(1, alone, resume)
+    return fresh_run, resumed_run
 
 
 def losses(history: list[dict[str, Any]]) -> dict[int, float]:
@@ -69,11 +104,10 @@ def test_no_ddp_and_each_gradient_has_the_single_process_scale(
 
 
 def test_logged_losses_are_comparable_across_world_sizes(
-    fresh: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+    fresh: tuple[Path, list[dict[str, Any]]], single: tuple[dict[str, Any], dict[str, Any]]
 ) -> None:
     _, results = fresh
-    single = launch(tmp_path / "out", "fresh", tmp_path / "run", 1)[0]
-    four, one = losses(results[0]["history"]), losses(single["history"])
+    four, one = losses(results[0]["history"]), losses(single[0]["history"])
     assert results[1]["history"] == results[0]["history"] or losses(results[1]["history"]) == four
     # step 1 runs the same initial weights on batches of the same kind: the loss is about ln(vocab)
     # whatever the world size (a loss scaled by the number of processes would be ~4x larger)
@@ -146,13 +180,11 @@ def test_backward_overlap_is_refused_with_gradient_clipping(tmp_path: Path, max_
 
 
 def test_resume_skips_an_incomplete_checkpoint_and_is_bitwise_identical(
-    fresh: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+    fresh: tuple[Path, list[dict[str, Any]]],
+    resumed: tuple[list[dict[str, Any]], list[dict[str, Any]]],
 ) -> None:
-    run_dir, uninterrupted = fresh
-    copy = tmp_path / "run"
-    shutil.copytree(run_dir, copy)
-    (copy / "checkpoint-6" / "trainer_state.json").unlink()  # as if killed while saving step 6
-    resumed = launch(tmp_path / "out", "resume-last", copy, WORLD)
+    _, uninterrupted = fresh
+    resumed, _ = resumed
     for rank in range(WORLD):
         expected = losses(uninterrupted[rank]["history"])
         got = losses(resumed[rank]["history"])  # steps 1-3 come from checkpoint-3's trainer state
@@ -166,20 +198,18 @@ def test_resume_skips_an_incomplete_checkpoint_and_is_bitwise_identical(
 
 
 def test_resume_on_another_world_size_warns_and_starts_from_the_average(
-    fresh: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+    single: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
-    run_dir, _ = fresh
-    result = launch(tmp_path / "out", str(run_dir / "checkpoint-3"), tmp_path / "run", 1)[0]
+    _, result = single  # checkpoint-3 of the 4-process run, resumed by 1
     assert any("saved by 4 ranks and is resumed by 1" in w for w in result["warnings"])
     assert sorted(losses(result["history"])) == [1, 2, 3, 4, 5, 6]
 
 
 def test_resume_with_another_topology_is_refused(
-    fresh: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+    resumed: tuple[list[dict[str, Any]], list[dict[str, Any]]],
 ) -> None:
-    run_dir, _ = fresh
-    scenario = f"topology:ring={run_dir / 'checkpoint-3'}"  # saved with aer
-    for result in launch(tmp_path / "out", scenario, tmp_path / "run", WORLD):
+    _, refused = resumed  # resumed with topology ring from a checkpoint saved with aer
+    for result in refused:
         assert (
             "saved with topology 'aer' and local_world_size 2, but this run uses topology 'ring'"
             in result["error"]

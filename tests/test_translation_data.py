@@ -15,7 +15,7 @@ pytest.importorskip("tokenizers", reason="the translation recipe needs pip insta
 pytest.importorskip("transformers", reason="the translation recipe needs pip install '.[recipes]'")
 
 from recipes.common.launch import environment
-from recipes.translation import compare, config, data, synthetic
+from recipes.translation import compare, config, data, synthetic, train
 
 
 @pytest.fixture(scope="module")
@@ -201,19 +201,23 @@ def test_unknown_preset_key_and_bad_values_are_named(tmp_path: Path) -> None:
 
 def test_train_script_reports_bad_input_before_training(corpus: Path, tmp_path: Path) -> None:
     """The module itself: one line on stderr, exit code 2, and nothing written to the run directory."""
-    for overrides, message in [
-        ([f"data={corpus}", "data.tgt=fr"], "missing data file"),
-        ([f"data={corpus}", "model.depth=3"], "unknown config key model.depth"),
-        (["data=wmt/wmt14", "data.tgt=ja"], "unknown language pair en-ja"),
+    run = tmp_path / "run"
+    process = subprocess.run(
+        [sys.executable, "-m", "recipes.translation.train", "--preset", "demo-synthetic-en-de",
+         f"train.output_dir={run}", f"data={corpus}", "data.tgt=fr"],
+        capture_output=True, text=True, timeout=120, env=environment(),
+    )  # fmt: skip
+    assert process.returncode == 2, process.stderr[-2000:]
+    assert process.stderr.strip().startswith("error: ") and "missing data file" in process.stderr
+    assert not (run / "config.toml").exists()
+    # more bad input, to the same main in this process: the error that the module prints with exit code
+    # 2 (tests/test_recipes_common.py checks that wrapper)
+    for overrides, kind, message in [
+        ([f"data={corpus}", "model.depth=3"], config.ConfigError, "unknown config key model.depth"),
+        (["data=wmt/wmt14", "data.tgt=ja"], data.DataError, "unknown language pair en-ja"),
     ]:
-        run = tmp_path / "run"
-        process = subprocess.run(
-            [sys.executable, "-m", "recipes.translation.train", "--preset", "demo-synthetic-en-de",
-             f"train.output_dir={run}", *overrides],
-            capture_output=True, text=True, timeout=120, env=environment(),
-        )  # fmt: skip
-        assert process.returncode == 2, process.stderr[-2000:]
-        assert process.stderr.strip().startswith("error: ") and message in process.stderr
+        with pytest.raises(kind, match=message):
+            train.main(["--preset", "demo-synthetic-en-de", f"train.output_dir={run}", *overrides])
         assert not (run / "config.toml").exists()
 
 

@@ -1,6 +1,9 @@
 """Run by tests/test_trainer.py, under ``accelerate launch`` (4 processes) or plain python (1).
 
-python tests/trainer_worker.py OUT_DIR SCENARIO RUN_DIR
+python tests/trainer_worker.py OUT_DIR SCENARIO RUN_DIR [OUT_DIR SCENARIO RUN_DIR ...]
+
+Several scenarios run one after the other in the same processes (a launch costs each process its
+imports of torch and transformers), each with a trainer of its own.
 """
 
 from __future__ import annotations
@@ -162,15 +165,16 @@ def train(out: dict[str, Any], run_dir: Path, resume: str | bool | None, topolog
 
 
 def main() -> None:
-    out_dir, scenario, run_dir = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-    out: dict[str, Any] = {}
-    topology = "aer"
-    if scenario.startswith("topology:"):  # "topology:NAME=CHECKPOINT": resume it with another topology
-        topology, _, scenario = scenario.removeprefix("topology:").partition("=")
-    resume: str | bool | None = {"fresh": None, "resume-last": True}.get(scenario, scenario)
-    train(out, run_dir, resume, topology)
+    argv = sys.argv[1:]
     rank = int(os.environ.get("RANK", "0"))
-    torch.save(out, out_dir / f"rank{rank}.pt")
+    for out_dir, scenario, run_dir in zip(argv[0::3], argv[1::3], argv[2::3], strict=True):
+        out: dict[str, Any] = {}
+        topology = "aer"
+        if scenario.startswith("topology:"):  # "topology:NAME=CHECKPOINT": resume it with another topology
+            topology, _, scenario = scenario.removeprefix("topology:").partition("=")
+        resume: str | bool | None = {"fresh": None, "resume-last": True}.get(scenario, scenario)
+        train(out, Path(run_dir), resume, topology)
+        torch.save(out, Path(out_dir) / f"rank{rank}.pt")
 
 
 if __name__ == "__main__":
