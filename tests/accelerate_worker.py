@@ -203,6 +203,14 @@ def flat_weights(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
 
 
+def consensus_weights(path: Path) -> torch.Tensor:
+    """The model file that rank 0 writes: the average of the ranks' weights at the save."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path / files.WEIGHTS_NAME))
+    return torch.cat([tensors[name].reshape(-1) for name in make_model().state_dict()])
+
+
 def backward_refusals(out: dict[str, Any]) -> None:
     """overlap="backward" cannot work with an fp16 loss scaler: prepare refuses it."""
     accelerator = Accelerator()
@@ -267,7 +275,13 @@ def a2cid2(out: dict[str, Any], directory: Path) -> None:
             scheduler.step()
             optimizer.zero_grad()
     inner = optimizer.optimizer
-    save_checkpoint(directory / "a2cid2", model, optimizer, scheduler=scheduler, extra={"steps": 6})
+    # Paused around the save, this rank's weights cannot change between reading them here and the
+    # save writing them; whether the ranks still differ then depends on timing (a ring of 4 can
+    # reach the exact average in two rounds of averagings after the last step), so the test
+    # compares each rank file with its own rank's weights instead.
+    with inner.paused():
+        own_weights = flat_weights(model)
+        save_checkpoint(directory / "a2cid2", model, optimizer, scheduler=scheduler, extra={"steps": 6})
     rank = accelerator.process_index
     saved = files.load_rank_state(directory / "a2cid2", rank)
 
@@ -282,7 +296,9 @@ def a2cid2(out: dict[str, Any], directory: Path) -> None:
         lr=scheduler.get_last_lr()[0],
         logged=[(sorted(values), step) for values, step in tracker.logged],
         meta=files.read_meta(directory / "a2cid2"),
+        own_weights=own_weights,
         saved_weights=torch.cat([t.reshape(-1) for t in saved["model"].values()]),
+        consensus_weights=consensus_weights(directory / "a2cid2"),
         reloaded_weights=flat_weights(fresh_model),
         saved_offsets=saved["optimizer"]["a2cid2"]["x_tilde_minus_x"],
         reloaded_offsets=reloaded.state_dict()["a2cid2"]["x_tilde_minus_x"],
