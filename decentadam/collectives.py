@@ -195,10 +195,12 @@ def default_communicator(
     process_group: dist.ProcessGroup | None,
     hierarchical: bool,
     close_timeout: timedelta,
+    extra_groups: Sequence[Group] = (),
 ) -> Communicator:
     """The optimizer's communicator: none for one rank, else one on ``torch.distributed``.
 
     Checks first that every rank holds the same parameters (the buckets are built from them).
+    ``extra_groups``: groups summed besides the topology's (the nodes, for gradients).
     """
     if topology.world_size == 1:
         return SingleProcessCommunicator()
@@ -207,7 +209,11 @@ def default_communicator(
     # would be built (a gloo connection per pair) and never used
     on_cpu = all(p.device.type == "cpu" for group in param_groups for p in group["params"])
     return ProcessGroupCommunicator(
-        topology, process_group, hierarchical=hierarchical and on_cpu, close_timeout=close_timeout
+        topology,
+        process_group,
+        hierarchical=hierarchical and on_cpu,
+        close_timeout=close_timeout,
+        extra_groups=extra_groups,
     )
 
 
@@ -257,6 +263,7 @@ class ProcessGroupCommunicator:
         *,
         hierarchical: bool = True,
         close_timeout: timedelta = CLOSE_TIMEOUT,
+        extra_groups: Sequence[Group] = (),
     ) -> None:
         self.process_group = process_group
         self.rank = dist.get_rank(process_group)
@@ -306,6 +313,10 @@ class ProcessGroupCommunicator:
                     self._hierarchy[group] = _Hierarchy(
                         j, len(members), peers, mine_scatter, rail, mine_gather
                     )
+        for group in extra_groups:  # after the topology's, in the caller's order: the same on every rank
+            handle = new_group("caller", group) if len(group) > 1 else None  # one per members, as above
+            if handle is not None:
+                self._groups[group] = handle
         self._shards: dict[tuple[int, int, torch.dtype], Tensor] = {}
         self._driver: threading.Thread | None = None
         self._exchanges: queue.SimpleQueue[_HierarchicalExchange | None] = queue.SimpleQueue()

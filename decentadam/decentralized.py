@@ -29,15 +29,17 @@ from decentadam.collectives import (
     default_communicator,
 )
 from decentadam.optim.accum_adamw import ParamsT, check_group, make_defaults, step_group
-from decentadam.topology import Topology, resolve
+from decentadam.topology import Group, Topology, over_nodes, resolve
 
-__all__ = ["SECOND_MOMENTS", "CommStats", "DecentralizedAdam", "LocalUpdate"]
+__all__ = ["INTRA_NODE", "SECOND_MOMENTS", "CommStats", "DecentralizedAdam", "LocalUpdate"]
 
 logger = logging.getLogger(__name__)
 
 Overlap = Literal["step", "backward"]
 SecondMoment = Literal["all_ranks", "local", "group_gradient"]
 SECOND_MOMENTS: tuple[SecondMoment, ...] = ("all_ranks", "local", "group_gradient")
+IntraNode = Literal["gossip", "all_reduce"]
+INTRA_NODE: tuple[IntraNode, ...] = ("gossip", "all_reduce")
 LocalUpdate = Callable[[dict[Tensor, dict[str, Any]], dict[str, Any], list[Tensor]], None]
 """``fn(state, group, params)``: update ``params`` (those of one bucket with a gradient) in place."""
 
@@ -88,6 +90,25 @@ class DecentralizedAdam(Optimizer):
     bucket a bfloat16 copy of the gradient and a send buffer per group size (bfloat16 for pairs,
     float32 for larger groups).
 
+    Gradients averaged inside nodes. With ``intra_node="all_reduce"`` the ``L = local_world_size``
+    ranks of a node (consecutive ranks) all-reduce their gradients before each step, as DDP does
+    (over the node's fast link), and take the same step from the node's mean gradient: they stay
+    replicas, and only the ``N = n / L`` nodes gossip, on ``topology`` built for the ``N`` nodes
+    (:func:`decentadam.topology.over_nodes`; a node alone does not communicate). A rank's step and
+    the point where it takes its next gradient then carry the noise of ``L`` ranks' batches, not of
+    one. The all-reduce sends ``g`` and ``g**2`` together (twice the gradient bytes, on the fast
+    link; none more across nodes), so that ``second_moment="group_gradient"`` needs no bytes of its
+    own and no delay: with ``g_L`` the node's mean of ``g`` and ``s_L`` its mean of ``g**2`` minus
+    ``g_L**2`` (``E[s_L] = sigma^2 (1 - 1/L)``), every step, before the update::
+
+        z = g_L**2 - s_L * (1/L - 1/n) / (1 - 1/L)    # E[z] = mu^2 + sigma^2 / n, the same on the node
+        A = beta2 * A + (1 - beta2) * z;   u = u + 1;   v = max(A / (1 - beta2**u), V / (1 - beta2**t) / N)
+
+    (``V`` is of ``g_L``; ``"all_ranks"`` corrects the node's mean for ``N`` instead of ``n``, and
+    ``"local"`` keeps the node's own.) docs/parity.md measures it. A parameter without a gradient
+    on a rank counts as a zero gradient there, and after the step every parameter's ``.grad``
+    holds the node's mean gradient.
+
     Communication overlaps compute: at the end of step ``t`` each bucket of parameters
     (:mod:`decentadam.buckets`) starts an asynchronous sum of ``x_i(t+1)`` over its group of step
     ``t+1`` (:mod:`decentadam.collectives`), which travels during the next forward/backward; step
@@ -110,7 +131,10 @@ class DecentralizedAdam(Optimizer):
             ranks from the rank's own gradients), ``"group_gradient"`` (from the exchange group's
             gradients) or ``"local"`` (each rank's own); see above.
         v_every: with ``second_moment="group_gradient"``, send the gradient every ``v_every``
-            (``k``) steps (default 2); not allowed with the others.
+            (``k``) steps (default 2); not allowed with the others, nor with
+            ``intra_node="all_reduce"`` (which gives the estimate every step).
+        intra_node: ``"gossip"`` (each rank is a worker of the topology) or ``"all_reduce"``
+            (the ranks of a node average their gradients and only nodes gossip; see above).
         topology: a name for :func:`decentadam.topology.build` or a built :class:`Topology`.
         local_world_size: ranks per node for node-aware topologies ("aer"); default: the
             ``LOCAL_WORLD_SIZE`` environment variable set by torchrun / accelerate launch, else 1.
@@ -145,6 +169,7 @@ class DecentralizedAdam(Optimizer):
         *,
         second_moment: SecondMoment = "all_ranks",
         v_every: int | None = None,
+        intra_node: IntraNode = "gossip",
         overlap: Overlap = "step",
         foreach: bool | None = None,
         timeout: float | None = None,
@@ -162,6 +187,14 @@ class DecentralizedAdam(Optimizer):
                 f"but accum_steps={accum_steps}: use accum_steps=1 with it, or second_moment='local' to "
                 "keep AccumAdam's accumulation window"
             )
+        if intra_node not in INTRA_NODE:
+            raise ValueError(f"intra_node must be 'gossip' or 'all_reduce', got {intra_node!r}")
+        if intra_node == "all_reduce" and second_moment == "group_gradient" and v_every not in (None, 1):
+            raise ValueError(
+                f"v_every={v_every!r}: with intra_node='all_reduce' the node's gradients give "
+                "second_moment='group_gradient' its estimate at every step, with no bytes of its own; "
+                "leave v_every out"
+            )
         if v_every is not None and second_moment != "group_gradient":
             raise ValueError(
                 f"v_every={v_every!r} says how often second_moment='group_gradient' sends the gradient, "
@@ -169,7 +202,7 @@ class DecentralizedAdam(Optimizer):
                 "leave v_every out"
             )
         if second_moment == "group_gradient":
-            v_every = 2 if v_every is None else v_every
+            v_every = (1 if intra_node == "all_reduce" else 2) if v_every is None else v_every
             if not (isinstance(v_every, int) and not isinstance(v_every, bool) and v_every >= 1):
                 raise ValueError(
                     f"v_every must be an integer >= 1 (send the gradient every v_every steps), got "
@@ -197,7 +230,22 @@ class DecentralizedAdam(Optimizer):
             world_size = communicator.world_size if communicator is not None else 1
         if local_world_size is None:
             local_world_size = min(distributed.env_local_world_size(), world_size)
-        self.topology = resolve(topology, world_size, local_world_size)
+        self.intra_node: IntraNode = intra_node
+        node_groups: list[Group] = []
+        if intra_node == "all_reduce":
+            local_world_size = min(local_world_size, world_size)
+            self.topology = over_nodes(topology, world_size, local_world_size)
+            size = local_world_size
+            node_groups = [tuple(range(first, first + size)) for first in range(0, world_size, size)]
+            if second_moment == "group_gradient" and size == 1 and world_size > 1:
+                raise ValueError(
+                    "second_moment='group_gradient' with intra_node='all_reduce' estimates the second "
+                    "moment from the gradients of a node's ranks, but local_world_size is 1: give the "
+                    "ranks per node (local_world_size, or LOCAL_WORLD_SIZE from the launcher), or use "
+                    "intra_node='gossip'"
+                )
+        else:
+            self.topology = resolve(topology, world_size, local_world_size)
         self.second_moment: SecondMoment = second_moment
         self._v_every = v_every  # k, for second_moment="group_gradient" only
         self._set_second_moment()
@@ -205,7 +253,12 @@ class DecentralizedAdam(Optimizer):
         all_params = [p for group in self.param_groups for p in group["params"]]
         if communicator is None:
             communicator = default_communicator(
-                self.topology, self.param_groups, process_group, hierarchical, self.timeout or CLOSE_TIMEOUT
+                self.topology,
+                self.param_groups,
+                process_group,
+                hierarchical,
+                self.timeout or CLOSE_TIMEOUT,
+                extra_groups=[g for g in node_groups if len(g) > 1],
             )
         self.communicator = communicator
         self.rank = communicator.rank
@@ -217,7 +270,13 @@ class DecentralizedAdam(Optimizer):
         self._sync_before_next_step = False  # after a resume, exchange x(t) before stepping
         self._buckets = bucketing.make_buckets(self.param_groups, int(bucket_size_mb * 2**20))
         self._gradient_sums: dict[int, _GradientSum] = {}  # id(bucket) -> its gradient exchange
-        if second_moment == "group_gradient" and world_size > 1:
+        self._node_sums: dict[int, _NodeSum] = {}  # id(bucket) -> its node's gradient all-reduce
+        self._node: Group = (self.rank,)
+        if intra_node == "all_reduce":
+            self._node = next(g for g in node_groups if self.rank in g) if node_groups else (self.rank,)
+            if len(self._node) > 1:
+                self._node_sums = {id(b): _NodeSum.of(b) for b in self._buckets}
+        elif second_moment == "group_gradient" and world_size > 1:
             sizes = {len(g) for g in self.topology.distinct_groups() if self.rank in g}
             self._gradient_sums = {id(b): _GradientSum.of(b, sizes) for b in self._buckets}
         in_buckets = {id(p) for b in self._buckets for p in b.params}
@@ -246,6 +305,8 @@ class DecentralizedAdam(Optimizer):
                 "the exchange groups were released by close(); build a new DecentralizedAdam to train again"
             )
         bucketing.check_no_gradients(self._frozen)
+        if self._backward is None:
+            self.start_gradient_sums()
         if self._sync_before_next_step:
             for bucket in self._buckets:
                 self._start_exchange(bucket, self._step)
@@ -261,6 +322,7 @@ class DecentralizedAdam(Optimizer):
 
     def _step_bucket(self, bucket: Bucket) -> None:
         self._fold_gradient_sum(bucket)
+        self._average_node_gradients(bucket)
         self._mix(bucket)
         group = self.param_groups[bucket.group_index]
         self._local_update(self.state, group, [p for p in bucket.params if p.grad is not None])
@@ -298,6 +360,64 @@ class DecentralizedAdam(Optimizer):
         with self._explain_failure(self._step, "finish", kind):  # in flight: the exchange for step t
             handle.wait(timeout)
         self.stats.wait_seconds += time.perf_counter() - start
+
+    def start_gradient_sums(self) -> None:
+        """``intra_node="all_reduce"``: start the all-reduce of this step's gradients inside the node.
+
+        :meth:`step` calls it (idempotent until the step); call it yourself to start them earlier,
+        and on every simulated rank before any rank's ``step()`` (:mod:`decentadam.simulation`).
+        With ``overlap="backward"`` each bucket starts its own when its gradients are final.
+        """
+        for bucket in self._buckets:
+            self._start_node_sum(bucket)
+
+    def _start_node_sum(self, bucket: Bucket) -> None:
+        exchange = self._node_sums.get(id(bucket))
+        if exchange is None or exchange.started:
+            return
+        numel = bucket.buffer.numel()
+        grads, squares = exchange.buffer[:numel], exchange.buffer[numel:]
+        for param, view in zip(bucket.params, views_like(grads, bucket.params), strict=True):
+            if param.grad is None:  # unused on this rank: its gradient is 0 (as under DDP)
+                view.zero_()
+            else:
+                view.copy_(param.grad)
+        torch.mul(grads, grads, out=squares)
+        with self._explain_failure(self._step, "start", "node gradient"):
+            exchange.handle = self.communicator.group_sum(exchange.buffer, self._node)
+        exchange.started = True
+        self.stats.bytes_sent += exchange.buffer.numel() * exchange.buffer.element_size()
+        self.stats.exchanges += 1
+
+    def _average_node_gradients(self, bucket: Bucket) -> None:
+        """Give every parameter the node's mean gradient; with ``"group_gradient"`` fold ``z`` into A."""
+        exchange = self._node_sums.get(id(bucket))
+        if exchange is None:
+            return
+        self._start_node_sum(bucket)  # overlap="backward": from the bucket's gradient hook
+        if exchange.handle is not None:
+            handle, exchange.handle = exchange.handle, None
+            self._wait_for(handle, "node gradient", self.timeout)
+        exchange.started = False
+        size, numel = len(self._node), bucket.buffer.numel()
+        total = exchange.buffer.div_(size)
+        mean, mean_sq = total[:numel], total[numel:]
+        for param, view in zip(bucket.params, views_like(mean, bucket.params), strict=True):
+            if param.grad is None:
+                param.grad = view.clone()
+            else:
+                param.grad.copy_(view)
+        if self.second_moment != "group_gradient":
+            return
+        spread = mean_sq.sub_(mean.square())  # E = sigma^2 (1 - 1/L)
+        z = mean.square().sub_(spread.mul_((1.0 / size - 1.0 / self.world_size) / (1.0 - 1.0 / size)))
+        decay = self.param_groups[bucket.group_index]["betas"][1]
+        for param, z_i in zip(bucket.params, views_like(z, bucket.params), strict=True):
+            st = self.state[param]
+            if "group_sq" not in st:
+                st["group_sq"], st["group_updates"] = torch.zeros_like(param), 0
+            st["group_sq"].mul_(decay).add_(z_i, alpha=1.0 - decay)
+            st["group_updates"] += 1
 
     def _start_gradient_sum(self, bucket: Bucket, step: int) -> None:
         """second_moment="group_gradient": every k steps, send g_i (bf16) to the group of ``step``."""
@@ -360,7 +480,8 @@ class DecentralizedAdam(Optimizer):
         """AccumAdamW's ``noise_ranks`` of every group, from ``second_moment`` and the world size, and
         with ``"group_gradient"`` its ``v_every``, which makes the update use ``A``."""
         corrected = self.second_moment != "local"
-        noise_ranks = self.topology.world_size if corrected else 1
+        nodes = self.topology.world_size // len(self._node_ranks())
+        noise_ranks = nodes if corrected else 1
         self.defaults["noise_ranks"] = noise_ranks
         for group in self.param_groups:
             if corrected and group["accum_steps"] > 1:  # checked at any world size
@@ -373,6 +494,12 @@ class DecentralizedAdam(Optimizer):
                 group.pop("v_every", None)  # a loaded group's, from a group_gradient run
             else:
                 group["v_every"] = self._v_every
+
+    def _node_ranks(self) -> range:
+        """With ``intra_node="all_reduce"`` a node's ranks act as one (their mean has 1/L the noise)."""
+        if self.intra_node == "all_reduce":
+            return range(self.topology.local_world_size)
+        return range(1)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group while the optimizer is built; afterwards this raises (the buckets are fixed)."""
@@ -497,6 +624,7 @@ class DecentralizedAdam(Optimizer):
             "step": self._step,
             "second_moment": self.second_moment,
             "v_every": self._v_every,
+            "intra_node": self.intra_node,
             "topology": self.topology.name,
             "world_size": self.world_size,
             "local_world_size": self.topology.local_world_size,
@@ -530,6 +658,20 @@ class DecentralizedAdam(Optimizer):
         # iteration from step() (it also recounts the hooks).
         if self._backward is not None:
             self._backward.recount()
+
+
+@dataclass(eq=False)
+class _NodeSum:
+    """One bucket's all-reduce of ``intra_node="all_reduce"``: its gradients, then their squares."""
+
+    buffer: Tensor  # (2 * numel,) in the parameters' dtype: g_i and g_i**2 sent, the node's sums received
+    handle: Handle | None = None  # the sum in flight
+    started: bool = False  # started for this step, not yet averaged into the gradients
+
+    @classmethod
+    def of(cls, bucket: Bucket) -> _NodeSum:
+        flat = bucket.buffer
+        return cls(torch.empty(2 * flat.numel(), dtype=flat.dtype, device=flat.device))
 
 
 @dataclass(eq=False)

@@ -29,6 +29,10 @@ first member waits for it; waiting for one that a member has not started yet is 
 simulated: its first step starts an exchange of the loaded weights and waits for it at once, which
 needs the other ranks running at the same time.
 
+With ``intra_node="all_reduce"`` a rank's ``step()`` waits for its node's gradient sum: call
+``start_gradient_sums()`` on every rank, in rank order, before any rank's ``step()`` (and keep
+``overlap="step"``: in backward mode each bucket's hook waits for its sum during the backward).
+
 Collectives over every rank block until all ranks join, which one thread cannot do rank by rank:
 use :meth:`SimulatedCluster.average` and :meth:`SimulatedCluster.consensus_distance` on all
 ranks' tensors at once instead of the optimizers' ``average_parameters()`` and

@@ -42,7 +42,7 @@ import torch
 Group = tuple[int, ...]
 Round = tuple[Group, ...]
 
-__all__ = ["TOPOLOGIES", "Group", "Round", "Topology", "build", "resolve"]
+__all__ = ["TOPOLOGIES", "Group", "Round", "Topology", "build", "over_nodes", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -228,3 +228,48 @@ def resolve(topology: str | Topology, world_size: int, local_world_size: int) ->
             "are training"
         )
     return topology
+
+
+def over_nodes(topology: str | Topology, world_size: int, local_world_size: int) -> Topology:
+    """``topology`` among the nodes, for ranks that average their gradients inside their node.
+
+    ``DecentralizedAdam(intra_node="all_reduce")``: the ranks of a node (``local_world_size``
+    consecutive ranks) hold the same parameters, so only nodes average. ``topology`` (a name, or a
+    :class:`Topology` built for ``world_size / local_world_size`` ranks) is the schedule of the
+    ``N`` nodes, each node acting as one rank of it (a name is built with ``local_world_size=1``);
+    each of its groups becomes the group of all ranks of its nodes, and a node alone does not
+    communicate (its ranks are groups of one). The result is built for ``world_size`` ranks in
+    nodes of ``local_world_size``, with the nodes' topology's name.
+    """
+    if local_world_size < 1 or world_size % local_world_size:
+        raise ValueError(
+            f"averaging gradients inside nodes needs world_size to be a multiple of local_world_size, "
+            f"got {world_size} and {local_world_size}"
+        )
+    nodes = world_size // local_world_size
+    if isinstance(topology, Topology):
+        if topology.world_size != nodes:
+            raise ValueError(
+                f"topology {topology.name!r} is built for {topology.world_size} ranks, but with the "
+                f"gradients averaged inside nodes it schedules the {nodes} nodes of {local_world_size} "
+                f"ranks: build it for {nodes}"
+            )
+        among_nodes = topology
+    else:
+        among_nodes = build(topology, nodes, 1)
+
+    def ranks(node: int) -> Group:
+        return tuple(range(node * local_world_size, (node + 1) * local_world_size))
+
+    rounds: list[Round] = []
+    for groups in among_nodes.rounds:
+        expanded: list[Group] = []
+        for group in groups:
+            if len(group) == 1:
+                expanded.extend((rank,) for rank in ranks(group[0]))
+            else:
+                expanded.append(tuple(rank for node in group for rank in ranks(node)))
+        rounds.append(tuple(sorted(expanded)))
+    return Topology(
+        name=among_nodes.name, world_size=world_size, local_world_size=local_world_size, rounds=tuple(rounds)
+    )

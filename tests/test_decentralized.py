@@ -15,7 +15,8 @@ from torch import nn
 
 from decentadam import DecentralizedAdam
 from decentadam.collectives import ProcessGroupCommunicator
-from decentadam.topology import build
+from decentadam.simulation import SimulatedCluster
+from decentadam.topology import build, over_nodes
 from tests.distributed_harness import run_distributed
 
 STEPS = 30
@@ -44,6 +45,12 @@ CONFIGS_4 = [
     ("complete", 1, 1, "step", "group_gradient:2"),
     ("ring", 1, 1, "backward", "group_gradient:1"),
     ("aer", 2, 1, "resume:step", "group_gradient:1"),  # saved with a gradient sum in flight
+    # "node+": intra_node="all_reduce", the gradients averaged inside nodes of L ranks
+    ("aer", 2, 1, "step", "node+group_gradient"),  # 2 nodes: a rest, then the nodes average
+    ("complete", 2, 1, "backward", "node+all_ranks"),  # all_ranks corrects for N = 2 nodes
+    ("ring", 1, 1, "step", "node+local"),  # nodes of one rank: gossip as before
+    ("aer", 2, 1, "resume:step", "node+group_gradient"),
+    ("complete", 4, 1, "step", "node+group_gradient"),  # one node: All-Reduce's AdamW
 ]
 CONFIGS_8 = [
     ("complete", 1, 4, "step", "local"),
@@ -54,6 +61,8 @@ CONFIGS_8 = [
     ("aer", 2, 4, "backward", "local"),
     ("one-peer-exp", 1, 1, "step", "all_ranks"),
     ("aer", 2, 1, "step", "all_ranks"),
+    ("aer", 2, 1, "step", "node+group_gradient"),  # 4 nodes of 2
+    ("one-peer-exp", 4, 1, "backward", "node+group_gradient"),
 ]
 Config = tuple[str, int, int, str, str]
 
@@ -88,9 +97,14 @@ def flat(model: nn.Module) -> torch.Tensor:
 
 def second_moment_args(second_moment: str) -> dict[str, Any]:
     """A config's ``second_moment``: ``"group_gradient:K"`` is ``second_moment="group_gradient",
-    v_every=K``."""
-    name, _, every = second_moment.partition(":")
-    return {"second_moment": name, **({"v_every": int(every)} if every else {})}
+    v_every=K``; a ``"node+"`` prefix adds ``intra_node="all_reduce"``."""
+    node = second_moment.startswith("node+")
+    name, _, every = second_moment.removeprefix("node+").partition(":")
+    return {
+        "second_moment": name,
+        **({"v_every": int(every)} if every else {}),
+        **({"intra_node": "all_reduce"} if node else {}),
+    }
 
 
 def make_optimizer(
@@ -161,11 +175,20 @@ def simulate(
     with ``"group_gradient:K"`` also the second moment A from the group's gradients of every K-th
     step, which arrive one step later, rounded to bfloat16 and summed in bfloat16 by a pair, in
     float32 by a larger group)."""
-    topology = build(name, world_size, local_world_size)
+    node = second_moment.startswith("node+")  # intra_node="all_reduce": nodes of L ranks act as one
+    size = local_world_size if node else 1  # L
+    noise_ranks = world_size // size  # all_ranks' n: the nodes' count N with node-averaged gradients
+    if node:  # the nodes' topology, each of its groups averaging all ranks of its nodes
+        nodes = build(name, world_size // size, 1)
+        within = torch.full((size, size), 1.0 / size, dtype=torch.float64)
+        mixing = [torch.kron(nodes.mixing_matrix(t), within) for t in range(nodes.period)]
+    else:
+        topology = build(name, world_size, local_world_size)
+        mixing = [topology.mixing_matrix(t) for t in range(topology.period)]
     models = [make_model(seed=100) for _ in range(world_size)]  # rank 0's initialisation everywhere
     decay = [WD if n.endswith("weight") else 0.0 for n, _ in models[0].named_parameters()]
     beta1, beta2 = BETAS
-    kind, _, every = second_moment.partition(":")
+    kind, _, every = second_moment.removeprefix("node+").partition(":")
     v_every = int(every) if every else 0  # K
     state = [[dict.fromkeys(("M", "V", "b", "S", "A", "u"), 0.0) for _ in decay] for _ in models]
     sent: list[list[torch.Tensor]] | None = None  # group_gradient: the last step's gradients, if sent
@@ -175,6 +198,20 @@ def simulate(
             model.zero_grad()
             loss_of(model, rank, step).backward()
             grads.append([p.grad.detach().clone() for p in model.parameters()])
+        if node:  # every rank steps with its node's mean gradient; z from the node's gradients
+            v_every = 1
+            for first in range(0, world_size, size):
+                ranks = range(first, first + size)
+                means = [sum(grads[r][j] for r in ranks) / size for j in range(len(decay))]
+                squares = [sum(grads[r][j] ** 2 for r in ranks) / size for j in range(len(decay))]
+                spreads = [sq - m**2 for sq, m in zip(squares, means, strict=True)]
+                share = (1 / size - 1 / world_size) / (1 - 1 / size) if size > 1 else 0.0
+                for r in ranks:
+                    grads[r] = [m.clone() for m in means]
+                    if kind == "group_gradient":
+                        for j, st in enumerate(state[r]):
+                            st["A"] = beta2 * st["A"] + (1 - beta2) * (means[j] ** 2 - spreads[j] * share)
+                            st["u"] += 1
         for rank in range(world_size if sent is not None else 0):
             members = topology.group_of(rank, step)
             q = len(members)
@@ -194,9 +231,9 @@ def simulate(
                 s["A"] = beta2**v_every * s["A"] + (1 - beta2**v_every) * z.double()
                 s["u"] += 1
         sent = None
-        if v_every and (step + 1) % v_every == 0:  # sent with the parameters, to the group of the next step
+        if v_every and not node and (step + 1) % v_every == 0:  # with the parameters, to the next group
             sent = [[g.to(torch.bfloat16) for g in rank_grads] for rank_grads in grads]
-        mixed = topology.mixing_matrix(step) @ torch.stack([flat(m) for m in models])  # (n, numel)
+        mixed = mixing[step % len(mixing)] @ torch.stack([flat(m) for m in models])  # (n, numel)
         t = step + 1
         k = math.ceil(t / accum_steps)
         for rank, model in enumerate(models):
@@ -212,11 +249,13 @@ def simulate(
                         s["M"] = beta1 * s["M"] + (1 - beta1) * g
                         s["V"] = beta2 * s["V"] + (1 - beta2) * g * g
                         v = s["V"] / (1 - beta2**t)
-                        if s["u"] > 0:
-                            v = torch.maximum(s["A"] / (1 - beta2 ** (v_every * s["u"])), v / world_size)
+                        if noise_ranks == 1:
+                            pass  # one node: the node's mean is All-Reduce's, AdamW's v
+                        elif s["u"] > 0:
+                            v = torch.maximum(s["A"] / (1 - beta2 ** (v_every * s["u"])), v / noise_ranks)
                         elif t > 1:
-                            corrected = v - (1 - 1 / world_size) * s["S"] / (1 - beta2 ** (t - 1))
-                            v = torch.maximum(corrected, v / world_size)
+                            corrected = v - (1 - 1 / noise_ranks) * s["S"] / (1 - beta2 ** (t - 1))
+                            v = torch.maximum(corrected, v / noise_ranks)
                         p.sub_(LR * (s["M"] / (1 - beta1**t)) / (v.sqrt() + EPS))
                         continue
                     m = beta1 * s["M"] + (1 - beta1) * g
@@ -248,6 +287,17 @@ def test_matches_simulation_of_n_workers(world_size: int, configs: list[Config])
         assert per_rank[0][index]["consensus"] == pytest.approx(distance, rel=1e-8, abs=1e-14), label
         if name != "complete":
             assert distance > 0, f"{label}: ranks with different data should not agree exactly"
+        if second_moment.startswith("node+"):  # a node's ranks are replicas; each sends g and g**2 in it
+            for first in range(0, world_size, local_world_size):
+                for r in range(first + 1, first + local_world_size):
+                    assert torch.equal(got[r], got[first]), f"{label}: rank {r} left its node's replica"
+            if ":" not in overlap:
+                topology, numel = over_nodes(name, world_size, local_world_size), expected.shape[1]
+                node_sums = STEPS * 2 * numel * 8 if local_world_size > 1 else 0
+                for r in range(world_size):
+                    sizes = [len(topology.group_of(r, t)) for t in range(1, STEPS + 1)]
+                    exchanged = sum(numel * 8 for q in sizes if q > 1)
+                    assert per_rank[r][index]["bytes_sent"] == exchanged + node_sums, label
         every = second_moment.partition(":")[2]
         if every and ":" not in overlap:  # float64 parameters every step, gradients every K-th:
             topology, numel = build(name, world_size, local_world_size), expected.shape[1]
@@ -558,11 +608,56 @@ def test_backward_overlap_rejects_two_backwards_per_step() -> None:
         ({"v_every": 2}, r"v_every=2 .* but second_moment='all_ranks': pass second_moment='group_gradient'"),
         ({"second_moment": "local", "v_every": 1}, r"but second_moment='local'"),
         ({"second_moment": "group_gradient", "accum_steps": 2}, r"accum_steps=2: use accum_steps=1 with it"),
+        ({"intra_node": "node"}, r"intra_node must be 'gossip' or 'all_reduce', got 'node'"),
+        (
+            {"intra_node": "all_reduce", "second_moment": "group_gradient", "v_every": 2},
+            r"v_every=2: with intra_node='all_reduce' the node's gradients .* leave v_every out",
+        ),
     ],
 )
 def test_bad_arguments_name_the_problem(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         DecentralizedAdam(nn.Linear(2, 2).parameters(), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"second_moment": "group_gradient", "local_world_size": 1},
+            r"from the gradients of a node's ranks, but local_world_size is 1: give the ranks per node",
+        ),
+        ({"local_world_size": 3}, r"world_size to be a multiple of local_world_size, got 4 and 3"),
+        (
+            {"topology": build("ring", 4), "local_world_size": 2},
+            r"schedules the 2 nodes of 2 ranks: build it for 2",
+        ),
+    ],
+)
+def test_bad_node_arguments_name_the_problem(kwargs: dict[str, Any], match: str) -> None:
+    communicator = SimulatedCluster(4).communicator(0)
+    with pytest.raises(ValueError, match=match):
+        DecentralizedAdam(
+            nn.Linear(2, 2).parameters(), intra_node="all_reduce", communicator=communicator, **kwargs
+        )
+
+
+def test_one_rank_with_node_averaged_gradients_is_adamw() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2).double()
+    reference = copy.deepcopy(model)
+    optimizer = DecentralizedAdam(
+        model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, second_moment="group_gradient",
+        intra_node="all_reduce", local_world_size=2,
+    )  # fmt: skip
+    adamw = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    for step in range(5):
+        for m, o in ((model, optimizer), (reference, adamw)):
+            o.zero_grad()
+            x = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(step))
+            m(x).square().mean().backward()
+            o.step()
+    torch.testing.assert_close(flat(model), flat(reference), rtol=0, atol=1e-14)
 
 
 def run_with_late_parameter(overlap: str) -> torch.Tensor:

@@ -54,14 +54,22 @@ def run_simulated(
         for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
             optimizer.zero_grad()
             loss_of(model, rank, step).backward()
+        for optimizer in optimizers:  # intra_node="all_reduce": every node's sum started before a rank waits
+            optimizer.start_gradient_sums()
         for optimizer in optimizers:
             optimizer.step()
     return torch.stack([flat(m) for m in models]), optimizers, models
 
 
 # Resumes are left out: a resumed rank's first step exchanges its weights and waits for them at once,
-# which needs the other ranks running at the same time (module docstring of decentadam.simulation).
-CONFIGS = [(4, c) for c in CONFIGS_4 if ":" not in c[3]] + [(8, c) for c in CONFIGS_8]
+# which needs the other ranks running at the same time (module docstring of decentadam.simulation);
+# so are the node-averaged gradients in backward mode, which each bucket's hook sums and waits for.
+CONFIGS = [
+    (n, c)
+    for n, configs in ((4, CONFIGS_4), (8, CONFIGS_8))
+    for c in configs
+    if ":" not in c[3] and not (c[4].startswith("node+") and c[3] == "backward")
+]
 
 
 @pytest.mark.parametrize(("world_size", "config"), CONFIGS, ids=str)
@@ -111,3 +119,18 @@ def test_a_rank_built_before_rank_0_cannot_receive_its_weights() -> None:
         DecentralizedAdam(
             make_model(seed=1).parameters(), topology="ring", communicator=cluster.communicator(1)
         )
+
+
+def test_node_averaged_gradients_need_every_rank_to_start_its_sums_first() -> None:
+    cluster = SimulatedCluster(2)
+    models = [make_model(seed=1) for _ in range(2)]
+    optimizers = [
+        DecentralizedAdam(
+            m.parameters(), intra_node="all_reduce", local_world_size=2, communicator=cluster.communicator(r)
+        )
+        for r, m in enumerate(models)
+    ]
+    for rank, model in enumerate(models):
+        loss_of(model, rank, 0).backward()
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] have not started it"):
+        optimizers[0].step()  # waits for its node's sum, which rank 1 starts in its own step

@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from decentadam.topology import TOPOLOGIES, Group, Topology, build
+from decentadam.topology import TOPOLOGIES, Group, Topology, build, over_nodes
 
 NAMES = ("complete", "ring", "one-peer-exp", "aer")
 WORLD_SIZES = (1, 2, 4, 8, 16)
@@ -327,3 +327,46 @@ def test_topology_rejects_a_round_that_is_not_a_partition() -> None:
         Topology(name="bad", world_size=3, local_world_size=1, rounds=(((0, 1),),))
     with pytest.raises(ValueError, match="no rounds"):
         Topology(name="bad", world_size=1, local_world_size=1, rounds=())
+
+
+@pytest.mark.parametrize(
+    ("name", "world_size", "local_world_size"), [("aer", 4, 2), ("ring", 8, 2), ("one-peer-exp", 8, 2)]
+)
+def test_over_nodes_averages_whole_nodes_on_the_nodes_schedule(
+    name: str, world_size: int, local_world_size: int
+) -> None:
+    topology = over_nodes(name, world_size, local_world_size)
+    nodes = build(name, world_size // local_world_size, 1)
+    assert (topology.name, topology.world_size, topology.local_world_size) == (
+        name,
+        world_size,
+        local_world_size,
+    )
+    assert topology.period == nodes.period
+    within = torch.full((local_world_size, local_world_size), 1.0 / local_world_size, dtype=torch.float64)
+    for t in range(nodes.period):  # on ranks that hold their node's parameters, W acts as W_nodes
+        for group in topology.groups(t):
+            assert len(group) == 1 or len(group) % local_world_size == 0
+            assert len(group) == 1 or group[0] % local_world_size == 0
+        expected = torch.kron(nodes.mixing_matrix(t), within)
+        replicas = torch.kron(
+            torch.randn(nodes.world_size, 3, dtype=torch.float64),
+            torch.ones(local_world_size, 1, dtype=torch.float64),
+        )
+        torch.testing.assert_close(
+            topology.mixing_matrix(t) @ replicas, expected @ replicas, rtol=0, atol=1e-15
+        )
+
+
+def test_over_nodes_with_a_node_alone_does_not_communicate() -> None:
+    topology = over_nodes("aer", 4, 2)  # two nodes: aer with one rank per node rests every other step
+    assert topology.rounds == (((0,), (1,), (2,), (3,)), ((0, 1, 2, 3),))
+    assert over_nodes("complete", 4, 4).distinct_groups() == []
+
+
+def test_over_nodes_takes_a_topology_built_for_the_nodes() -> None:
+    assert over_nodes(build("ring", 4), 8, 2).rounds == over_nodes("ring", 8, 2).rounds
+    with pytest.raises(ValueError, match="build it for 4"):
+        over_nodes(build("ring", 8), 8, 2)
+    with pytest.raises(ValueError, match="multiple of local_world_size, got 6 and 4"):
+        over_nodes("ring", 6, 4)

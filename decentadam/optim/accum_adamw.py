@@ -190,7 +190,7 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
         if torch.is_complex(p):
             raise RuntimeError("AccumAdamW does not support complex parameters; view them as real")
         st = state[p]
-        if not st:
+        if "step" not in st:  # a group_sq folded in before the first step may be there already
             st["step"] = torch.tensor(0.0, dtype=torch.float64)
             st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)

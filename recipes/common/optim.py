@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALGORITHMS",
+    "INTRA_NODE",
     "OPTIMIZERS",
     "SECOND_MOMENTS",
     "build_optimizer",
@@ -42,6 +43,7 @@ __all__ = [
 OPTIMIZERS = ("allreduce", "decentralized", "a2cid2")
 ALGORITHMS = ("adamw", "sgd")
 SECOND_MOMENTS = ("all_ranks", "local", "group_gradient")
+INTRA_NODE = ("gossip", "all_reduce")
 
 
 def is_decentralized(optimizer: str) -> bool:
@@ -73,6 +75,7 @@ def build_optimizer(
     accum_steps: int = 1,
     second_moment: str = "all_ranks",
     v_every: int = 2,
+    intra_node: str = "gossip",
     topology: str = "aer",
     local_world_size: int = 0,
     world_size: int = 1,
@@ -88,11 +91,12 @@ def build_optimizer(
     is capped to it (one node). ``second_moment="all_ranks"`` gives the local AccumAdamW of A2CiD2
     the same correction as DecentralizedAdam (``noise_ranks = world_size``); ``"group_gradient"``
     (DecentralizedAdam only) sends the gradient with the parameters every ``v_every`` steps, which is
-    ignored with the other second moments. Raises ConfigError for an unknown optimizer or algorithm,
-    and for a decentralized run with ``sgd`` (DecentralizedAdam is AccumAdamW). ``communicator``
-    replaces DecentralizedAdam's torch.distributed collectives (the time-to-quality benchmark times
-    its step with exchanges that finish at once). ``timeout``: the seconds DecentralizedAdam waits
-    for one exchange before raising (None: the process group's).
+    ignored with the other second moments and with ``intra_node="all_reduce"`` (the ranks of a
+    node average their gradients; DecentralizedAdam only). Raises ConfigError for an unknown
+    optimizer or algorithm, and for a decentralized run with ``sgd`` (DecentralizedAdam is
+    AccumAdamW). ``communicator`` replaces DecentralizedAdam's torch.distributed collectives (the
+    time-to-quality benchmark times its step with exchanges that finish at once). ``timeout``: the
+    seconds DecentralizedAdam waits for one exchange before raising (None: the process group's).
     """
     from decentadam import A2CiD2, AccumAdamW, DecentralizedAdam
 
@@ -115,6 +119,13 @@ def build_optimizer(
         )
     if not (isinstance(v_every, int) and v_every >= 1):
         raise ConfigError(f"optim.v_every = {v_every}: expected a positive integer (steps between gradients)")
+    check_choice("optim.intra_node", intra_node, INTRA_NODE)
+    if intra_node == "all_reduce" and optimizer != "decentralized":
+        raise ConfigError(
+            f"optim.intra_node = 'all_reduce' averages gradients inside nodes before DecentralizedAdam's "
+            f"step; --optimizer {optimizer} does not take it: use --optimizer decentralized, or "
+            "optim.intra_node=gossip"
+        )
     if second_moment == "group_gradient" and optimizer == "a2cid2":
         raise ConfigError(
             "optim.second_moment = 'group_gradient' sends the gradient with DecentralizedAdam's parameter "
@@ -126,7 +137,8 @@ def build_optimizer(
         return DecentralizedAdam(  # decentadam: each rank keeps its own copy, averaged with neighbours
             groups, lr=lr, betas=betas_decentralized, eps=eps, weight_decay=weight_decay,
             accum_steps=accum_steps, second_moment=second_moment,  # type: ignore[arg-type]
-            v_every=v_every if second_moment == "group_gradient" else None, topology=topology,
+            v_every=v_every if second_moment == "group_gradient" and intra_node == "gossip" else None,
+            intra_node=intra_node, topology=topology,  # type: ignore[arg-type]
             local_world_size=min(local_world_size, world_size) if local_world_size else None,
             communicator=communicator, timeout=timeout,
         )  # fmt: skip

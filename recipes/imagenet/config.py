@@ -97,7 +97,12 @@ class OptimConfig:
     (DecentralizedAdam only: estimated from the exchange group's gradients, sent with the parameters
     every ``v_every`` steps) or ``local`` (each rank's own: the paper's AccumAdam)."""
     v_every: int = 2
-    """With ``second_moment = "group_gradient"``: steps between two gradient exchanges (k)."""
+    """With ``second_moment = "group_gradient"``: steps between two gradient exchanges (k); not
+    used with ``intra_node = "all_reduce"``, which gives the estimate every step."""
+    intra_node: str = "gossip"
+    """``gossip`` (every rank a worker of the topology) or ``all_reduce`` (the ranks of a node
+    average their gradients, as DDP does, and only nodes gossip: ``local_world_size`` ranks per
+    node; DecentralizedAdam only)."""
     accum_steps: int = 1
     """AccumAdam window s (with ``second_moment = "local"``): the moments advance once per s steps
     with the window's mean gradient."""

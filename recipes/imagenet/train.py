@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         model, o.optimizer, algorithm=o.algorithm, lr=lr, weight_decay=o.weight_decay,
         betas_allreduce=o.betas_allreduce, betas_decentralized=o.betas_decentralized, eps=o.eps,
         momentum=o.momentum, nesterov=o.nesterov, accum_steps=o.accum_steps,
-        second_moment=o.second_moment, v_every=o.v_every, topology=o.topology,
+        second_moment=o.second_moment, v_every=o.v_every, intra_node=o.intra_node, topology=o.topology,
         local_world_size=o.local_world_size, world_size=world, graph=o.graph, rate=o.rate, seed=t.seed,
     )  # fmt: skip
     warmup = round(o.warmup_epochs * steps_per_epoch)
