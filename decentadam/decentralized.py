@@ -647,6 +647,18 @@ class DecentralizedAdam(Optimizer):
                     *saved,
                     *now,
                 )
+            saved_moment = (
+                extra.get("second_moment"),
+                extra.get("v_every"),
+                extra.get("intra_node", "gossip"),
+            )
+            if saved_moment != (self.second_moment, self._v_every, self.intra_node):
+                logger.warning(
+                    "optimizer state was saved with second_moment=%r, v_every=%r, intra_node=%r; continuing "
+                    "with %r, %r, %r (the second moment's state is kept where both use it)",
+                    *saved_moment,
+                    *(self.second_moment, self._v_every, self.intra_node),
+                )
             self._step = int(extra["step"])
         self.wait_for_exchanges()
         for bucket in self._buckets:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import time
@@ -482,7 +483,7 @@ def close_worker(rank: int, world_size: int, how: str) -> dict[str, Any]:
         in_flight = train(optimizer)
         optimizer.close()
         optimizer.close()  # idempotent
-    deadline = time.monotonic() + 5.0  # joined threads leave /proc a moment later (see exit_worker)
+    deadline = time.monotonic() + 30.0  # joined threads leave /proc a moment later (see exit_worker)
     while (after := gloo_workers()) > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert isinstance(optimizer.communicator, ProcessGroupCommunicator)
@@ -658,6 +659,21 @@ def test_one_rank_with_node_averaged_gradients_is_adamw() -> None:
             m(x).square().mean().backward()
             o.step()
     torch.testing.assert_close(flat(model), flat(reference), rtol=0, atol=1e-14)
+
+
+def test_loading_state_saved_with_another_second_moment_warns(caplog: pytest.LogCaptureFixture) -> None:
+    model = nn.Linear(2, 2)
+    saved = DecentralizedAdam(model.parameters(), second_moment="group_gradient", v_every=2)
+    model(torch.ones(1, 2)).sum().backward()
+    saved.step()
+    loading = DecentralizedAdam(model.parameters(), second_moment="group_gradient", v_every=1)
+    with caplog.at_level(logging.WARNING, logger="decentadam.decentralized"):
+        loading.load_state_dict(saved.state_dict())
+    assert "second_moment='group_gradient', v_every=2, intra_node='gossip'; continuing with" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="decentadam.decentralized"):
+        saved.load_state_dict(saved.state_dict())
+    assert caplog.text == ""
 
 
 def run_with_late_parameter(overlap: str) -> torch.Tensor:
