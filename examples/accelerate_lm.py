@@ -67,6 +67,12 @@ def parse_args() -> argparse.Namespace:
         default="all_ranks",
         help="DecentralizedAdam's",
     )
+    parser.add_argument(
+        "--intra-node",
+        choices=("gossip", "all_reduce"),
+        default="gossip",
+        help="DecentralizedAdam's: all_reduce averages the gradients inside each node, only nodes gossip",
+    )
     parser.add_argument("--accum-steps", type=int, default=1, help="AccumAdam window s (second moment local)")
     parser.add_argument("--log-every", type=int, default=50, help="steps between logs and evaluations")
     parser.add_argument("--output-dir", help="write a checkpoint here at the end")
@@ -128,7 +134,8 @@ def main() -> None:
     model = tiny_gpt2(vocabulary, args.block).to(accelerator.device)  # on its device before the optimizer
     optimizer = DecentralizedAdam(  # decentadam
         model.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=0.01,
-        accum_steps=args.accum_steps, second_moment=args.second_moment, topology=args.topology,
+        accum_steps=args.accum_steps, second_moment=args.second_moment, intra_node=args.intra_node,
+        topology=args.topology,
     )  # fmt: skip
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda t: min((t + 1) / args.warmup, math.sqrt(args.warmup / (t + 1)))

@@ -49,6 +49,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--second-moment", choices=("all_ranks", "local", "group_gradient"), default="all_ranks"
     )
+    parser.add_argument(
+        "--intra-node",
+        choices=("gossip", "all_reduce"),
+        default="gossip",
+        help="all_reduce: the ranks of a node average their gradients, only nodes gossip",
+    )
     parser.add_argument("--accum-steps", type=int, default=1, help="AccumAdam window s (second moment local)")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument(
@@ -116,7 +122,10 @@ def main() -> None:
         train_dataset=CharDataset(train_text, vocabulary, args.block),
         eval_dataset=CharDataset(val_text, vocabulary, args.block),
         decentralized=DecentralizedArguments(
-            topology=args.topology, second_moment=args.second_moment, accum_steps=args.accum_steps
+            topology=args.topology,
+            second_moment=args.second_moment,
+            intra_node=args.intra_node,
+            accum_steps=args.accum_steps,
         ),
     )
     trainer.train(resume_from_checkpoint=resume)

@@ -266,3 +266,17 @@ def test_config_validation_names_the_field() -> None:
     assert not DecentralizedAdamConfig().validate().has_error()
     errors = str(DecentralizedAdamConfig(topology="star", accum_steps=0, bucket_size_mb=0).validate())
     assert "topology" in errors and "accum_steps" in errors and "bucket_size_mb" in errors
+
+
+def test_config_validation_of_intra_node() -> None:
+    assert not DecentralizedAdamConfig(intra_node="all_reduce").validate().has_error()
+    node_gradient = DecentralizedAdamConfig(intra_node="all_reduce", second_moment="group_gradient")
+    assert not node_gradient.validate().has_error()
+    errors = str(DecentralizedAdamConfig(intra_node="node").validate())
+    assert "`intra_node` must be one of 'gossip', 'all_reduce', but is 'node'." in errors
+    errors = str(
+        DecentralizedAdamConfig(intra_node="all_reduce", second_moment="group_gradient", v_every=2).validate()
+    )
+    assert "`v_every` is 2, but with `intra_node: all_reduce`" in errors and "leave `v_every` out" in errors
+    # the same v_every gossiping: its gradient sums are the estimate
+    assert not DecentralizedAdamConfig(second_moment="group_gradient", v_every=2).validate().has_error()

@@ -236,6 +236,81 @@ def test_group_gradient_adds_its_bytes_every_k_steps(v_every: int) -> None:
         Workload(param_bytes=S, compute_s=0.1, gradient_values=S, v_every=0)
 
 
+def _node_sum_seconds(cluster: Cluster) -> float:
+    """The node's gradient all-reduce by hand: a ring of L ranks over 2 S bytes (g and g**2)."""
+    local = cluster.ranks_per_node
+    return (
+        2 * (local - 1) / local * 2 * S / cluster.intra_bytes_per_s
+        + 2 * (local - 1) * cluster.intra_latency_s
+    )
+
+
+def test_intra_node_all_reduce_on_2_nodes_x_2_with_aer() -> None:
+    """The same bytes across nodes as aer on the ranks; inside nodes the gradient all-reduce instead
+    of aer's intra-node pairs; the step waits for the all-reduce (compute-bound here: C + T_node)."""
+    cluster = Cluster(2, 2, GBIT, 10 * GBIT, inter_latency_s=20e-6, intra_latency_s=5e-6)
+    work = Workload(param_bytes=S, compute_s=2.0)  # aer's group of 4 (1.2 s on the link) is hidden
+    plain = predict("aer", cluster, work)
+    ours = predict("aer", cluster, replace(work, intra_node="all_reduce"))
+    node_s = _node_sum_seconds(cluster)
+    assert node_s == pytest.approx(2 * S / (10 * GBIT) + 10e-6)  # 0.16 s
+    # every other step the ring of ranks 0-3 crosses the node link twice, 1.5 S per edge
+    assert ours.inter_bytes_per_rank == pytest.approx(plain.inter_bytes_per_rank)
+    assert ours.inter_bytes_per_rank == pytest.approx(2 * 1.5 * S / 4 / 2)
+    assert plain.node_sum_bytes_per_rank == 0 and plain.node_sum_s == 0
+    assert ours.node_sum_bytes_per_rank == pytest.approx(2 * S)  # 2 (L-1)/L * 2 S, all inside the node
+    assert ours.node_sum_s == pytest.approx(node_s)
+    # aer's even steps: intra-node pairs (S each) on the ranks, nothing over nodes (ranks 0, 1 are
+    # replicas); odd steps: the same ring of 4 (1.5 S); and the gradient all-reduce every step
+    assert plain.sent_bytes_per_rank == pytest.approx((S + 1.5 * S) / 2)
+    assert ours.sent_bytes_per_rank == pytest.approx(1.5 * S / 2 + 2 * S)
+    assert ours.comm_s == pytest.approx(plain.comm_s - (S / (10 * GBIT) + 10e-6) / 2 + node_s)
+    assert plain.iteration_s == pytest.approx(2.0)
+    assert ours.iteration_s == pytest.approx(plain.iteration_s + node_s)
+    assert ours.lower_bound_s == pytest.approx(plain.lower_bound_s + node_s)
+
+
+def test_intra_node_all_reduce_overlaps_only_the_update_of_earlier_buckets() -> None:
+    cluster = Cluster(2, 2, GBIT, 10 * GBIT, inter_latency_s=20e-6, intra_latency_s=5e-6)
+    node_s = _node_sum_seconds(cluster)  # 0.16 s: 0.04 s per bucket, longer than a bucket's update
+    work = Workload(param_bytes=S, compute_s=2.0, update_s=0.04, bucket_bytes=S / 4, intra_node="all_reduce")
+    assert predict("aer", cluster, replace(work, intra_node="gossip")).iteration_s == pytest.approx(2.04)
+    # step: bucket k's sum arrives at C + (k+1) T/4 and its update follows; the last one ends the step
+    assert predict("aer", cluster, work).iteration_s == pytest.approx(2.0 + node_s + 0.01)
+    # backward: each bucket's hook sums and waits; no update while on the wire: all sums first
+    for other in (replace(work, overlap="backward"), replace(work, update_overlaps_comm=False)):
+        assert predict("aer", cluster, other).iteration_s == pytest.approx(2.0 + node_s + 0.04)
+
+
+def test_intra_node_all_reduce_on_one_node_is_the_all_reduce_alone() -> None:
+    cluster = _cluster(nodes=1, local=4, intra=10 * GBIT)
+    work = Workload(param_bytes=S, compute_s=0.5, intra_node="all_reduce")
+    for method in METHODS[1:]:  # a node alone does not gossip
+        prediction = predict(method, cluster, work)
+        assert prediction.inter_bytes_per_rank == 0
+        assert prediction.sent_bytes_per_rank == pytest.approx(2 * 3 / 4 * 2 * S)
+        assert prediction.iteration_s == pytest.approx(0.5 + _node_sum_seconds(cluster)), method
+    # All-Reduce is DDP's: intra_node is not its
+    assert predict(ALLREDUCE, cluster, work) == predict(
+        ALLREDUCE, cluster, replace(work, intra_node="gossip")
+    )
+
+
+def test_intra_node_all_reduce_builds_the_topology_over_nodes() -> None:
+    cluster = _cluster(nodes=3, local=2)  # 6 ranks pair up on a ring, 3 nodes do not
+    work = Workload(param_bytes=S, compute_s=0.1)
+    assert {p.method for p in predict_all(cluster, work)} == {ALLREDUCE, "complete", "ring"}
+    over_nodes = predict_all(cluster, replace(work, intra_node="all_reduce"))
+    assert {p.method for p in over_nodes} == {ALLREDUCE, "complete"}
+
+
+def test_intra_node_inputs_are_validated() -> None:
+    with pytest.raises(ValueError, match="intra_node must be 'gossip' or 'all_reduce', got 'node'"):
+        Workload(param_bytes=S, compute_s=0.1, intra_node="node")
+    with pytest.raises(ValueError, match=r"with intra_node='all_reduce' .* leave gradient_values 0"):
+        Workload(param_bytes=S, compute_s=0.1, gradient_values=S / 4, intra_node="all_reduce")
+
+
 @pytest.mark.parametrize(("text", "value"), [("350M", 3.5e8), ("1.5g", 1.5e9), ("12k", 12e3), ("42", 42.0)])
 def test_parse_size(text: str, value: float) -> None:
     assert parse_size(text) == pytest.approx(value)
@@ -275,6 +350,26 @@ def test_cli_hierarchical_flag_speeds_up_multi_node_groups(capsys: pytest.Captur
     assert aer_ms(["--v-every", "2"]) > aer_ms([])  # the gradient sums ride on the slow link too
 
 
+def test_cli_intra_node_all_reduce_adds_the_node_sum_to_the_gossip_rows(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 1e8 parameter bytes, 2 x 2 ranks, 8 Gbit/s inside nodes: the node sum takes 2e8 / 1e9 s + 2 x 5 us
+    argv = [*_argv("25M", 400, nodes=2, gpus_per_node=2, inter_gbps=100), "--intra-gbps", "8"]
+
+    def rows(extra: list[str]) -> tuple[dict[str, float], str]:
+        assert main(argv + extra) == 0
+        out = capsys.readouterr().out
+        table = [line.split("|") for line in out.splitlines() if line.startswith("| ") and "ms" not in line]
+        return {row[1].strip(): float(row[2]) for row in table}, out
+
+    plain, _ = rows([])
+    ours, out = rows(["--intra-node", "all_reduce"])
+    assert plain["aer"] == pytest.approx(400.0, abs=0.05)  # compute-bound
+    assert ours["aer"] == pytest.approx(400.0 + 200.01, abs=0.05)
+    assert ours[ALLREDUCE] == plain[ALLREDUCE]
+    assert "every step each node all-reduces 200 MB (gradients and their squares) in 200.0 ms" in out
+
+
 def test_cli_says_all_reduce_when_compute_dominates(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--params", "10M", "--compute-ms", "1000", "--nodes", "2", "--inter-gbps", "100"]
     assert main(argv) == 0
@@ -292,6 +387,11 @@ def test_cli_says_all_reduce_when_compute_dominates(capsys: pytest.CaptureFixtur
         ("--params 1M --compute-ms 1 --nodes 2 --inter-gbps -3", "expected a number > 0"),
         ("--params 1M --compute-ms x --nodes 2 --inter-gbps 1", "expected a number, got 'x'"),
         ("--params 1M --compute-ms 1 --nodes 2 --inter-gbps 1 --forward-fraction 2", "forward_fraction"),
+        ("--params 1M --compute-ms 1 --nodes 2 --inter-gbps 1 --intra-node node", "invalid choice: 'node'"),
+        (
+            "--params 1M --compute-ms 1 --nodes 2 --inter-gbps 1 --intra-node all_reduce --v-every 2",
+            "--v-every: with --intra-node all_reduce the node's all-reduce gives",
+        ),
     ],
 )
 def test_cli_bad_input(argv: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -218,19 +218,55 @@ def test_resume_with_another_topology_is_refused(
 
 
 def test_the_group_gradient_second_moment_reaches_the_optimizer(tmp_path: Path) -> None:
-    from transformers import TrainingArguments
-
     from decentadam import DecentralizedAdam
-    from decentadam.integrations.trainer import DecentralizedArguments, DecentralizedTrainer
-    from tests.trainer_worker import Sequences, make_model
 
-    trainer = DecentralizedTrainer(
-        model=make_model(),
-        args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=1),
-        train_dataset=Sequences(8, seed=1),
-        decentralized=DecentralizedArguments(second_moment="group_gradient", v_every=3),
-    )
-    optimizer = trainer.create_optimizer()
+    optimizer = _trainer(tmp_path, second_moment="group_gradient", v_every=3).create_optimizer()
     assert isinstance(optimizer, DecentralizedAdam) and optimizer.second_moment == "group_gradient"
     assert {g["v_every"] for g in optimizer.param_groups} == {3}
     optimizer.close()
+
+
+def _trainer(tmp_path: Path, **decentralized: Any) -> Any:
+    """A one-process DecentralizedTrainer with these DecentralizedArguments (nothing trained)."""
+    from transformers import TrainingArguments
+
+    from decentadam.integrations.trainer import DecentralizedArguments, DecentralizedTrainer
+    from tests.trainer_worker import Sequences, make_model
+
+    return DecentralizedTrainer(
+        model=make_model(),
+        args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=1),
+        train_dataset=Sequences(8, seed=1),
+        decentralized=DecentralizedArguments(**decentralized),
+    )
+
+
+def test_intra_node_all_reduce_reaches_the_optimizer(tmp_path: Path) -> None:
+    from decentadam import DecentralizedAdam
+
+    optimizer = _trainer(tmp_path, intra_node="all_reduce", second_moment="group_gradient").create_optimizer()
+    assert isinstance(optimizer, DecentralizedAdam) and optimizer.intra_node == "all_reduce"
+    assert optimizer.second_moment == "group_gradient"
+    assert {g["v_every"] for g in optimizer.param_groups} == {1}  # the node's gradients, every step
+    optimizer.close()
+    default = _trainer(tmp_path).create_optimizer()
+    assert isinstance(default, DecentralizedAdam) and default.intra_node == "gossip"
+    default.close()
+
+
+@pytest.mark.parametrize(
+    ("decentralized", "message"),
+    [
+        ({"intra_node": "node"}, r"intra_node must be 'gossip' or 'all_reduce', got 'node'"),
+        (
+            {"intra_node": "all_reduce", "second_moment": "group_gradient", "v_every": 2},
+            r"v_every=2: with intra_node='all_reduce' .* leave v_every out",
+        ),
+    ],
+)
+def test_bad_intra_node_settings_are_refused_by_the_optimizer(
+    tmp_path: Path, decentralized: dict[str, Any], message: str
+) -> None:
+    trainer = _trainer(tmp_path, **decentralized)
+    with pytest.raises(ValueError, match=message):
+        trainer.create_optimizer()

@@ -60,7 +60,7 @@ from torch.optim import Optimizer
 
 from decentadam import checkpoint_files as files
 from decentadam.consensus import averaged
-from decentadam.decentralized import SECOND_MOMENTS, DecentralizedAdam
+from decentadam.decentralized import INTRA_NODE, SECOND_MOMENTS, DecentralizedAdam
 from decentadam.optim.accum_adamw import AccumAdamW, make_defaults
 from decentadam.topology import TOPOLOGIES
 
@@ -124,7 +124,11 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
     (needs accum_steps 1); "group_gradient": estimated from the exchange group's gradients (needs
     accum_steps 1); "local": each rank's own (see DecentralizedAdam)."""
     v_every: int | None = None
-    """With second_moment "group_gradient": steps between two gradient exchanges (None: 2)."""
+    """With second_moment "group_gradient": steps between two gradient exchanges (None: 2; leave it
+    out with intra_node "all_reduce")."""
+    intra_node: str = "gossip"
+    """"gossip": every rank is a worker of the topology; "all_reduce": the ranks of a node all-reduce
+    their gradients before each step and only nodes gossip (see DecentralizedAdam)."""
     topology: str = "aer"
     """Graph schedule: "complete", "ring", "one-peer-exp" or "aer" (alternating exponential ring)."""
     local_world_size: int | None = None
@@ -157,6 +161,15 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
             )
         elif self.v_every is not None and not self.v_every >= 1:
             result.add_error(f"`v_every` must be an integer >= 1, but is {self.v_every}.")
+        elif self.v_every is not None and self.v_every > 1 and self.intra_node == "all_reduce":
+            result.add_error(
+                f"`v_every` is {self.v_every}, but with `intra_node: all_reduce` the node's gradients give "
+                "`second_moment: group_gradient` its estimate at every step: leave `v_every` out."
+            )
+        if self.intra_node not in INTRA_NODE:
+            result.add_error(
+                f"`intra_node` must be one of {', '.join(map(repr, INTRA_NODE))}, but is {self.intra_node!r}."
+            )
         if not self.bucket_size_mb > 0:
             result.add_error(f"`bucket_size_mb` must be > 0, but is {self.bucket_size_mb}.")
         if self.timeout is not None and not self.timeout > 0:
@@ -217,6 +230,7 @@ def _decentralized(resolver: DependencyResolver, config: DecentralizedAdamConfig
         accum_steps=config.accum_steps,
         second_moment=config.second_moment,  # type: ignore[arg-type]
         v_every=config.v_every,
+        intra_node=config.intra_node,  # type: ignore[arg-type]
         topology=config.topology,
         local_world_size=config.local_world_size,
         bucket_size_mb=config.bucket_size_mb,

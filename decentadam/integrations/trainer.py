@@ -71,7 +71,11 @@ class DecentralizedArguments:
     (needs accum_steps=1); "group_gradient": estimated from the exchange group's gradients (needs
     accum_steps=1); "local": each rank's own (see DecentralizedAdam)."""
     v_every: int | None = None
-    """With second_moment="group_gradient": steps between two gradient exchanges (None: 2)."""
+    """With second_moment="group_gradient": steps between two gradient exchanges (None: 2; leave it
+    out with intra_node="all_reduce")."""
+    intra_node: Literal["gossip", "all_reduce"] = "gossip"
+    """"gossip": every rank is a worker of the topology; "all_reduce": the ranks of a node all-reduce
+    their gradients before each step and only nodes gossip (see DecentralizedAdam)."""
     accum_steps: int = 1
     """AccumAdam window s (with second_moment="local"): Adam moments advance once per s steps with the
     window's mean gradient."""
@@ -164,6 +168,7 @@ class DecentralizedTrainer(Trainer):
             accum_steps=config.accum_steps,
             second_moment=config.second_moment,
             v_every=config.v_every,
+            intra_node=config.intra_node,
             topology=config.topology,
             local_world_size=config.local_world_size,
             bucket_size_mb=config.bucket_size_mb,

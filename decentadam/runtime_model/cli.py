@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
 
+from decentadam.decentralized import INTRA_NODE
 from decentadam.runtime_model.model import ALLREDUCE, METHODS, Cluster, Prediction, Workload, predict_all
 
 __all__ = ["build_parser", "main", "parse_size", "recommend"]
@@ -119,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(bfloat16 in a pair, float32 in a larger group)",
     )
     parser.add_argument(
+        "--intra-node",
+        choices=INTRA_NODE,
+        default="gossip",
+        help="DecentralizedAdam(intra_node=...): 'all_reduce' all-reduces the gradients and their squares "
+        "(2 x --params values of --bytes-per-param) inside each node before every update, and only "
+        "nodes gossip",
+    )
+    parser.add_argument(
         "--straggler",
         type=_positive,
         default=1.0,
@@ -143,8 +152,12 @@ def _format_table(predictions: list[Prediction]) -> str:
     return "\n".join(lines)
 
 
-def recommend(predictions: list[Prediction], threshold: float = 1.10) -> str:
-    """One sentence: the fastest method, and whether decentralizing is worth it (>= ``threshold``x)."""
+def recommend(predictions: list[Prediction], threshold: float = 1.10, intra_node: str = "gossip") -> str:
+    """One sentence: the fastest method, and whether decentralizing is worth it (>= ``threshold``x).
+
+    ``intra_node``: the one the gossip predictions were made with (named in the advice when not
+    ``"gossip"``).
+    """
     base = next(p for p in predictions if p.method == ALLREDUCE)
     gossip = [p for p in predictions if p.method != ALLREDUCE]
     if not gossip:
@@ -152,9 +165,10 @@ def recommend(predictions: list[Prediction], threshold: float = 1.10) -> str:
     best = min(gossip, key=lambda p: p.iteration_s)
     speedup = base.iteration_s / best.iteration_s
     if speedup >= threshold:
-        return (
-            f"Use DecentralizedAdam(topology={best.method!r}): predicted {speedup:.2f}x faster per iteration."
+        arguments = f"topology={best.method!r}" + (
+            f", intra_node={intra_node!r}" if intra_node != "gossip" else ""
         )
+        return f"Use DecentralizedAdam({arguments}): predicted {speedup:.2f}x faster per iteration."
     return (
         f"Use All-Reduce: the best topology ({best.method}) is predicted only {speedup:.2f}x faster per "
         "iteration, not worth the consensus error of decentralized training."
@@ -164,6 +178,12 @@ def recommend(predictions: list[Prediction], threshold: float = 1.10) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.intra_node == "all_reduce" and args.v_every is not None:
+        parser.error(
+            "--v-every: with --intra-node all_reduce the node's all-reduce gives second_moment="
+            "'group_gradient' its estimate at every step and no gradient travels with the parameters; "
+            "leave --v-every out"
+        )
     try:
         cluster, work = _inputs(args)
     except ValueError as error:
@@ -176,13 +196,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (f", one rank {args.straggler:g}x slower" if args.straggler != 1.0 else "")
     )
     print(_format_table(predictions))
+    node_sums = [p.node_sum_s for p in predictions if p.node_sum_s]
+    if args.intra_node == "all_reduce" and node_sums:
+        print(
+            f"intra_node='all_reduce' (the topologies' rows): every step each node all-reduces "
+            f"{work.node_sum_bytes() / 1e6:.0f} MB (gradients and their squares) in {node_sums[0] * 1e3:.1f} "
+            f"ms before updating, and the topologies are built among the {args.nodes} nodes"
+        )
     skipped = [m for m in METHODS if m not in {p.method for p in predictions}]
     if skipped:
-        print(
-            f"not buildable on {cluster.world_size} ranks in nodes of {args.gpus_per_node}: "
-            + ", ".join(skipped)
+        shape = (
+            f"among {args.nodes} nodes"
+            if args.intra_node == "all_reduce"
+            else f"on {cluster.world_size} ranks in nodes of {args.gpus_per_node}"
         )
-    print(recommend(predictions))
+        print(f"not buildable {shape}: " + ", ".join(skipped))
+    print(recommend(predictions, intra_node=args.intra_node))
     return 0
 
 
@@ -211,5 +240,6 @@ def _inputs(args: argparse.Namespace) -> tuple[Cluster, Workload]:
         hierarchical=args.hierarchical,
         gradient_values=args.params if args.v_every else 0.0,
         v_every=args.v_every or 2,
+        intra_node=args.intra_node,
     )
     return cluster, work

@@ -24,6 +24,14 @@ Inputs (all measurable without running the training job itself)
              a group of two sums them in bfloat16 (``G = 2 P`` bytes), a larger group in float32
              (``G = 4 P``). A step whose exchange carries it sums ``S + G`` bytes instead of ``S``,
              so ``G / k`` more per step on average.
+``intra_node`` with ``"all_reduce"`` (``DecentralizedAdam(intra_node="all_reduce")``): before every
+             update the ``L`` ranks of each node all-reduce their gradients and the squares,
+             ``2 numel`` values in the parameters' dtype (``2 S`` bytes), over the node's links: a
+             ring of ``L`` ranks that takes ``T_node = 2 (L-1)/L * 2 S / B_intra + 2 (L-1) a_intra``
+             and sends ``2 (L-1)/L * 2 S`` per rank, none across nodes. The parameters are then
+             exchanged on the topology built for the ``N`` nodes (:func:`decentadam.topology.over_nodes`):
+             a group is all ranks of its nodes, and a node alone sends nothing (the even steps of
+             ``aer`` on 2 nodes). Not applied to All-Reduce.
 
 Communication: one group sum is a ring all-reduce (gloo and NCCL both use rings for large buffers)
 --------------------------------------------------------------------------------------------------
@@ -85,6 +93,16 @@ no update runs while bytes are on the wire: every exchange starts after the last
 inside backward, after the layers of bucket ``k``: ``c = d_i,K-1(t-1) + f C_i``, then for each
 bucket ``c += (1-f) C_i / K`` before the wait/update.
 
+With ``intra_node="all_reduce"`` each bucket's update also waits for the node's sum of its
+gradients. With ``overlap="step"`` the node's ranks start their sums when the last of them ends
+backward, at ``e = max_{j in node} (d_j,K-1(t-1) + C_j)``; the buckets' sums travel one after the
+other, and bucket ``k``'s update becomes ``c = max(c, a_Gk(t), e + (k+1) T_node / K) + U_dec / K``: the
+sums overlap no forward or backward, only the update of earlier buckets (with
+``update_overlaps_comm=False`` not that either: the first update waits for all of them). With
+``overlap="backward"`` a bucket's hook starts its sum and waits for it, so before bucket ``k``'s update
+``c = max(max_{j in node} c_j + T_node / K, a_Gk(t))``. The node's sums take the intra-node links and
+do not queue behind the parameter exchange (``free_j``).
+
 All-Reduce (DDP): the gradient buckets (of ``bucket_mb``) become ready during backward, in reverse
 layer order; bucket ``k`` is reduced once every rank has produced it and the previous bucket is
 done; the optimizer step follows the last one, and everyone starts the next forward in step::
@@ -98,7 +116,8 @@ may catch up on its intra-node steps) and of stragglers (``C_i`` differs for one
 With equal ranks and no update time it reduces to the familiar bounds
 
     All-Reduce:  ~ f C + max((1-f) C, 2 (n-1)/n * S / B_inter)
-    gossip:      ~ max(C, T_G)  averaged over the rounds, i.e. communication fully hidden when T_G < C.
+    gossip:      ~ max(C, T_G)  averaged over the rounds, i.e. communication fully hidden when T_G < C;
+                 with intra_node="all_reduce", ~ max(C + T_node, T_G) with the groups over nodes.
 
 ``lower_bound`` is the same recursion with ``U = 0``: the time if the optimizer step were free.
 """
@@ -111,7 +130,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from decentadam.collectives import node_layout
-from decentadam.topology import Group, Round, Topology, build
+from decentadam.decentralized import INTRA_NODE
+from decentadam.topology import Group, Round, Topology, build, over_nodes
 
 __all__ = [
     "ALLREDUCE",
@@ -201,6 +221,10 @@ class Workload:
     (float32); 0: another second moment, no gradient is sent."""
     v_every: int = 2
     """k: DecentralizedAdam's ``v_every``, the steps between two gradient sums."""
+    intra_node: str = "gossip"
+    """DecentralizedAdam's ``intra_node``: ``"gossip"`` (every rank is a worker of the topology) or
+    ``"all_reduce"`` (every step the ranks of a node all-reduce ``2 S`` bytes of gradients and their
+    squares before updating, and only nodes gossip; see the module doc). All-Reduce ignores it."""
 
     def __post_init__(self) -> None:
         if not self.param_bytes > 0:
@@ -209,6 +233,14 @@ class Workload:
             raise ValueError(f"gradient_values must be >= 0, got {self.gradient_values}")
         if self.v_every < 1:
             raise ValueError(f"v_every must be >= 1, got {self.v_every}")
+        if self.intra_node not in INTRA_NODE:
+            raise ValueError(f"intra_node must be 'gossip' or 'all_reduce', got {self.intra_node!r}")
+        if self.intra_node == "all_reduce" and self.gradient_values:
+            raise ValueError(
+                f"gradient_values={self.gradient_values:g}: with intra_node='all_reduce' the node's "
+                "all-reduce gives second_moment='group_gradient' its estimate and no gradient travels "
+                "with the parameters; leave gradient_values 0"
+            )
         for name in ("compute_s", "update_s", "allreduce_update_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -237,6 +269,10 @@ class Workload:
         """:meth:`exchange_bytes` of each group of ``step``."""
         return {group: self.exchange_bytes(step, group) for group in topology.groups(step)}
 
+    def node_sum_bytes(self) -> float:
+        """Bytes of the node's gradient all-reduce of one step (``g`` and ``g**2``): ``2 S``, or 0."""
+        return 2 * self.param_bytes if self.intra_node == "all_reduce" else 0.0
+
     def rounds(self, topology: Topology) -> int:
         """Steps after which the topology's groups and the gradient sums repeat."""
         return math.lcm(topology.period, self.v_every) if self.gradient_values else topology.period
@@ -252,11 +288,18 @@ class Prediction:
     lower_bound_s: float
     """The recursion with free optimizer steps: max(C, communication) in the simple cases."""
     comm_s: float
-    """Mean over steps of the slowest group's communication time (no compute, no waiting)."""
+    """Mean over steps of the slowest group's communication time (no compute, no waiting), plus
+    ``node_sum_s``."""
     inter_bytes_per_rank: float
     """Mean bytes per iteration that one rank sends across node links."""
     sent_bytes_per_rank: float = field(default=0.0)
-    """Mean bytes per iteration that one rank sends (ring all-reduce traffic, intra + inter)."""
+    """Mean bytes per iteration that one rank sends (ring all-reduce traffic, intra + inter),
+    ``node_sum_bytes_per_rank`` included."""
+    node_sum_s: float = 0.0
+    """With ``intra_node="all_reduce"``: seconds of the slowest node's gradient all-reduce, every step."""
+    node_sum_bytes_per_rank: float = 0.0
+    """With ``intra_node="all_reduce"``: bytes one rank sends per iteration in its node's gradient
+    all-reduce, ``2 (L-1)/L * 2 S``, all inside the node."""
 
 
 def ring_edges(group: Group) -> list[tuple[int, int]]:
@@ -363,6 +406,27 @@ def _slope(ends: list[list[float]]) -> float:
     return sum(b - a for a, b in zip(ends[first], ends[-1], strict=True)) / (len(ends[0]) * steps)
 
 
+def _nodes(cluster: Cluster) -> list[Group]:
+    """The ranks of each node."""
+    local = cluster.ranks_per_node
+    return [tuple(range(j * local, (j + 1) * local)) for j in range(cluster.nodes)]
+
+
+def _node_sum_times(cluster: Cluster, work: Workload) -> dict[Group, float]:
+    """Seconds of each node's gradient all-reduce with ``intra_node="all_reduce"`` (nodes of one rank:
+    0); empty with ``"gossip"``."""
+    if work.intra_node != "all_reduce":
+        return {}
+    return group_sum_times(_nodes(cluster), cluster, work.node_sum_bytes())
+
+
+def _topology(method: str, cluster: Cluster, work: Workload) -> Topology:
+    """The schedule of a gossip ``method``: over the nodes with ``intra_node="all_reduce"``."""
+    if work.intra_node == "all_reduce":
+        return over_nodes(method, cluster.world_size, cluster.ranks_per_node)
+    return build(method, cluster.world_size, cluster.ranks_per_node)
+
+
 def _simulate_gossip(
     topology: Topology, cluster: Cluster, work: Workload, update_s: float, steps: int
 ) -> float:
@@ -376,14 +440,14 @@ def _simulate_gossip(
         group_phase_times(topology.groups(t), cluster, work.round_bytes(topology, t), work.hierarchical)
         for t in range(cycle)
     ]
+    node_sums = {node: seconds for node, seconds in _node_sum_times(cluster, work).items() if seconds}
+    backward = work.overlap == "backward"
     ends = [[0.0] * n]
     done = [[0.0] * n for _ in range(buckets)]  # done[k][i]: rank i updated bucket k (exchange starts)
     channel = [0.0] * n  # when rank i's previous exchange finished: its exchanges go one at a time
     for t in range(steps):
         start = ends[-1]
-        cursor = [
-            start[i] + (f if work.overlap == "backward" else 1.0) * work.compute_of(i) for i in range(n)
-        ]
+        cursor = [start[i] + (f if backward else 1.0) * work.compute_of(i) for i in range(n)]
         arrived = [[0.0] * n for _ in range(buckets)]
         for k in range(buckets):
             for group, phases in comm[t % cycle].items():
@@ -392,12 +456,23 @@ def _simulate_gossip(
                     for i in group:
                         arrived[k][i] = began + sum(phases) / buckets
                         channel[i] = began + max(phases) / buckets
+        if not backward:  # intra_node="all_reduce": the node's sums start once its backward ends
+            for node, seconds in node_sums.items():
+                began = max(cursor[j] for j in node)
+                for k in range(buckets):
+                    for i in node:
+                        arrived[k][i] = max(arrived[k][i], began + (k + 1) * seconds / buckets)
         if not work.update_overlaps_comm:  # no update while any bucket is still on the wire
             arrived = [[max(arrived[k][i] for k in range(buckets)) for i in range(n)]] * buckets
         for k in range(buckets):
-            for i in range(n):
-                if work.overlap == "backward":
+            if backward:
+                for i in range(n):
                     cursor[i] += (1 - f) * work.compute_of(i) / buckets  # the layers of bucket k
+                for node, seconds in node_sums.items():  # the hook sums bucket k and waits for it
+                    began = max(cursor[j] for j in node)
+                    for i in node:
+                        cursor[i] = began + seconds / buckets
+            for i in range(n):
                 cursor[i] = max(cursor[i], arrived[k][i]) + u
                 done[k][i] = cursor[i]
         if not work.update_overlaps_comm:
@@ -438,7 +513,7 @@ def predict(method: str, cluster: Cluster, work: Workload, periods: int = 8) -> 
         iteration = _simulate_allreduce(cluster, work, work.allreduce_update_s, steps)
         bound = _simulate_allreduce(cluster, work, 0.0, steps)
     else:
-        topology = build(method, n, cluster.ranks_per_node)
+        topology = _topology(method, cluster, work)
         steps = max(48, work.rounds(topology) * periods)  # the slope is taken over the second half
         iteration = _simulate_gossip(topology, cluster, work, work.update_s, steps)
         bound = _simulate_gossip(topology, cluster, work, 0.0, steps)
@@ -455,7 +530,20 @@ def predict(method: str, cluster: Cluster, work: Workload, periods: int = 8) -> 
         )
         sent += round_sent
         inter += round_inter
-    return Prediction(method, iteration, bound, comm / cycle, inter / cycle, sent / cycle)
+    node_s = max(_node_sum_times(cluster, work).values(), default=0.0) if gossip else 0.0
+    node_sent = 0.0
+    if gossip and node_s:
+        node_sent, _ = _round_traffic(tuple(_nodes(cluster)), cluster, work.node_sum_bytes(), False)
+    return Prediction(
+        method,
+        iteration,
+        bound,
+        comm / cycle + node_s,
+        inter / cycle,
+        sent / cycle + node_sent,
+        node_sum_s=node_s,
+        node_sum_bytes_per_rank=node_sent,
+    )
 
 
 def predict_all(cluster: Cluster, work: Workload, methods: Sequence[str] = METHODS) -> list[Prediction]:
