@@ -49,7 +49,7 @@ def node_gradient_update(
     if node_size > 1:
         dist.all_reduce(both, group=node)
         both.div_(node_size)
-    mean, mean_sq = both.split(own.numel())
+    mean, mean_sq = both[: own.numel()], both[own.numel() :]
     nodes = world_size // node_size
     share = (1.0 / node_size - 1.0 / world_size) / (1.0 - 1.0 / node_size) if node_size > 1 else 0.0
     offset = 0
