@@ -18,7 +18,9 @@ pytest.importorskip("matplotlib", reason="the report's plot needs matplotlib (pi
 from benchmarks.thresholds import GOSSIP_SHARE, MODEL_MISSED, WAIT_SHARE
 from benchmarks.time_to_quality import cli, curves, notes, rates
 from benchmarks.time_to_quality import report as reporting
+from benchmarks.time_to_quality.methods import METHODS
 from benchmarks.time_to_quality.settings import parse_args
+from decentadam.runtime_model import Cluster
 from tests.pictures import assert_drawn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -466,3 +468,15 @@ def test_the_command_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
         [p["valid_nll"] for p in earlier["curve"]], rel=1e-5
     )
     assert "All-Reduce was not trained in this run" in (tmp_path / "out2" / "time_to_quality.md").read_text()
+
+
+def test_the_node_averaged_method_asks_the_runtime_model_for_its_node_sums(tmp_path: Path) -> None:
+    calibration = {"param_bytes": 30e6, "compute_s": 1.0, "forward_fraction": 0.33}
+    calibration |= {"decentralized_s": 0.05, "adamw_s": 0.05}
+    cluster = Cluster(nodes=2, ranks_per_node=2, inter_bytes_per_s=25e6, intra_bytes_per_s=1e9)
+    plain = rates.predictions(METHODS["aer"], calibration, cluster)
+    node = rates.predictions(METHODS["aer-node"], calibration, cluster)
+    assert node["inter_mb"] == pytest.approx(plain["inter_mb"])  # nothing more crosses the nodes
+    assert node["comm_ms"] > plain["comm_ms"]  # the node's all-reduce of g and g**2
+    assert "optim.intra_node=all_reduce" in METHODS["aer-node"].args
+    assert parse_args(["--data", str(tmp_path)]).methods == ("allreduce", "aer", "complete")

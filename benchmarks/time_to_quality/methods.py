@@ -3,7 +3,8 @@ baseline every ratio is taken to."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from decentadam.runtime_model import ALLREDUCE
 
@@ -25,6 +26,8 @@ class Method:
     """The runtime model's name for it."""
     args: tuple[str, ...]
     """What the recipe's ``train`` gets to run it."""
+    workload: dict[str, Any] = field(default_factory=dict)
+    """Fields of the runtime model's ``Workload`` that the method sets (its own options)."""
 
 
 METHODS = {
@@ -38,9 +41,24 @@ METHODS = {
             "complete",
             ("--optimizer", "decentralized", "optim.topology=complete"),
         ),
+        Method(
+            "aer-node",
+            "DecentralizedAdam-AER, gradients averaged in nodes",
+            "aer",
+            (
+                "--optimizer",
+                "decentralized",
+                "optim.topology=aer",
+                "optim.intra_node=all_reduce",
+                "optim.second_moment=group_gradient",
+            ),
+            {"intra_node": "all_reduce"},
+        ),
     )
 }
 BASELINE = "allreduce"
+DEFAULT_METHODS = ("allreduce", "aer", "complete")
+"""What ``--methods`` defaults to (the comparison of the committed report)."""
 
 
 def label(name: str) -> str:

@@ -66,6 +66,7 @@ def predictions(method: Method, calibration: dict[str, Any], model_cluster: Clus
         allreduce_update_s=calibration["adamw_s"],
         bucket_bytes=BUCKET_BYTES,
         hierarchical=True,  # DecentralizedAdam on gloo sums multi-node groups in three phases
+        **method.workload,
     )
     overlapped = predict(method.model, model_cluster, work)
     serial = predict(method.model, model_cluster, replace(work, update_overlaps_comm=False))

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
-from benchmarks.time_to_quality.methods import BASELINE, METHODS, RANKS_PER_NODE
+from benchmarks.time_to_quality.methods import BASELINE, DEFAULT_METHODS, METHODS, RANKS_PER_NODE
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 DESCRIPTION = "Time to the same translation quality on a slow network: All-Reduce against AccumAdam."
@@ -84,8 +84,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     )
     parser.add_argument(
         "--methods",
-        help=f"comma-separated, of {', '.join(METHODS)} (default: all, or all but allreduce with "
-        "--baseline; the report compares to allreduce)",
+        help=f"comma-separated, of {', '.join(METHODS)} (default: {','.join(DEFAULT_METHODS)}, without "
+        "allreduce with --baseline; the report compares to allreduce)",
     )
     parser.add_argument(
         "--baseline",
@@ -126,7 +126,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     if eval_every < 1:
         parser.error(f"--eval-every must be at least 1, got {eval_every}")
     if args.methods is None:
-        args.methods = ",".join(m for m in METHODS if args.baseline is None or m != BASELINE)
+        args.methods = ",".join(m for m in DEFAULT_METHODS if args.baseline is None or m != BASELINE)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     link_how, baseline = "--link-mbit", None
     unknown = [m for m in methods if m not in METHODS]
