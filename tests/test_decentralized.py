@@ -422,7 +422,9 @@ def exit_worker(rank: int, world_size: int, topology: str) -> dict[str, Any]:
     before = gloo_workers()
     model = make_model(0)
     optimizer = DecentralizedAdam(model.parameters(), topology=topology, local_world_size=2)
-    during = gloo_workers()
+    deadline = time.monotonic() + 30.0  # a new thread, too, is listed a moment after it started
+    while (during := gloo_workers()) <= before and time.monotonic() < deadline:
+        time.sleep(0.05)
     for step in range(3):
         optimizer.zero_grad()
         loss_of(model, rank, step).backward()
@@ -431,8 +433,8 @@ def exit_worker(rank: int, world_size: int, topology: str) -> dict[str, Any]:
     in_flight = optimizer.communicator.in_flight
     shutdown.close_all()
     # A joined thread leaves /proc/self/task a moment after pthread_join returns (the kernel wakes the
-    # joiner before it unlists the task), so on busy cores give the count a few seconds to settle.
-    deadline = time.monotonic() + 5.0
+    # joiner before it unlists the task), so on busy cores give the count some seconds to settle.
+    deadline = time.monotonic() + 30.0
     while (after := gloo_workers()) > before and time.monotonic() < deadline:
         time.sleep(0.05)
     loss_of(model, rank, 3).backward()
