@@ -107,7 +107,8 @@ class DecentralizedAdam(Optimizer):
     (``V`` is of ``g_L``; ``"all_ranks"`` corrects the node's mean for ``N`` instead of ``n``, and
     ``"local"`` keeps the node's own.) docs/parity.md measures it. A parameter without a gradient
     on a rank counts as a zero gradient there, and after the step every parameter's ``.grad``
-    holds the node's mean gradient.
+    holds the node's mean gradient. Memory: per bucket a buffer of twice its parameters (``g`` and
+    ``g**2``), and ``A`` with ``"group_gradient"``.
 
     Communication overlaps compute: at the end of step ``t`` each bucket of parameters
     (:mod:`decentadam.buckets`) starts an asynchronous sum of ``x_i(t+1)`` over its group of step
@@ -480,8 +481,7 @@ class DecentralizedAdam(Optimizer):
         """AccumAdamW's ``noise_ranks`` of every group, from ``second_moment`` and the world size, and
         with ``"group_gradient"`` its ``v_every``, which makes the update use ``A``."""
         corrected = self.second_moment != "local"
-        nodes = self.topology.world_size // len(self._node_ranks())
-        noise_ranks = nodes if corrected else 1
+        noise_ranks = self.topology.world_size // self._ranks_per_worker() if corrected else 1
         self.defaults["noise_ranks"] = noise_ranks
         for group in self.param_groups:
             if corrected and group["accum_steps"] > 1:  # checked at any world size
@@ -495,11 +495,9 @@ class DecentralizedAdam(Optimizer):
             else:
                 group["v_every"] = self._v_every
 
-    def _node_ranks(self) -> range:
-        """With ``intra_node="all_reduce"`` a node's ranks act as one (their mean has 1/L the noise)."""
-        if self.intra_node == "all_reduce":
-            return range(self.topology.local_world_size)
-        return range(1)
+    def _ranks_per_worker(self) -> int:
+        """With ``intra_node="all_reduce"`` a node's L ranks act as one (their mean has 1/L the noise)."""
+        return self.topology.local_world_size if self.intra_node == "all_reduce" else 1
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group while the optimizer is built; afterwards this raises (the buckets are fixed)."""
