@@ -410,8 +410,9 @@ class DecentralizedAdam(Optimizer):
                 param.grad.copy_(view)
         if self.second_moment != "group_gradient":
             return
-        spread = mean_sq.sub_(mean.square())  # E = sigma^2 (1 - 1/L)
-        z = mean.square().sub_(spread.mul_((1.0 / size - 1.0 / self.world_size) / (1.0 - 1.0 / size)))
+        square = mean.square()  # the one temporary: z is built in it, s_L in the received squares
+        spread = mean_sq.sub_(square)  # E = sigma^2 (1 - 1/L)
+        z = square.sub_(spread.mul_((1.0 / size - 1.0 / self.world_size) / (1.0 - 1.0 / size)))
         decay = self.param_groups[bucket.group_index]["betas"][1]
         for param, z_i in zip(bucket.params, views_like(z, bucket.params), strict=True):
             st = self.state[param]
