@@ -15,10 +15,11 @@ CLUSTER_BOUND_RATIO = 1.10
 
 # ------------------------------------------------------------------------- time to quality
 
-TTQ_TIME_RATIO = 0.7
-"""AER should reach All-Reduce's final validation loss in at most this share of All-Reduce's time."""
+TTQ_TIME_RATIO = 0.6
+"""AER should reach All-Reduce's final validation loss in at most this share of All-Reduce's time
+(issue 21; 0.7 before it)."""
 TTQ_BLEU_GAP = 0.5
-"""... and end within this many BLEU points of it."""
+"""... and, trained for no longer than All-Reduce, end within this many BLEU points of it."""
 MODEL_MISSED = 0.10
 """A prediction more than 10% below the measured iteration counts as a term the model misses."""
 WAIT_SHARE = 0.10

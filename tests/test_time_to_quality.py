@@ -156,6 +156,26 @@ def test_report_from_made_up_runs(tmp_path: Path) -> None:
     assert "did not reach" not in md
 
 
+def test_every_method_on_aers_graph_is_judged_and_bleu_only_in_all_reduces_time() -> None:
+    report = made_up_report()
+    node = dict(report["runs"]["aer"])
+    # reaches 3.0 at 35 s (0.58x All-Reduce's 60 s); its BLEU is All-Reduce's, after 70 s of training
+    node["curve"] = points((10, 14.0, 5.5), (20, 28.0, 3.2), (40, 70.0, 2.0))
+    node["bleu"] = 30.0
+    report["runs"]["aer-node"] = node
+    curves.analyse(report)
+    label = METHODS["aer-node"].label
+    by_goal = {g["goal"]: g for g in report["goals"]}
+    assert len(report["goals"]) == 6  # three for aer, three for aer-node; none for complete
+    reached = by_goal[f"{label} reaches All-Reduce's final validation loss in <= 0.6x its time"]
+    assert reached["met"] and reached["measured"] == "0.58x"
+    bleu = by_goal[f"{label}'s BLEU within 0.5 of All-Reduce's in no more training time"]
+    assert not bleu["met"] and bleu["measured"] == "30.00 vs 30.00 (+0.00) after 1.17x its training time"
+    report["runs"]["aer-node"]["curve"][-1]["train_seconds"] = 60.0  # the same BLEU in All-Reduce's time
+    curves.analyse(report)
+    assert {g["goal"]: g["met"] for g in report["goals"]}[bleu["goal"]]
+
+
 def test_comm_wait_from_the_runs_tensorboard_logs(tmp_path: Path) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
