@@ -270,6 +270,20 @@ def test_intra_node_all_reduce_on_2_nodes_x_2_with_aer() -> None:
     assert ours.lower_bound_s == pytest.approx(plain.lower_bound_s + node_s)
 
 
+def test_intra_node_all_reduce_without_squares_sums_the_gradient_bytes_only() -> None:
+    """second_moment other than group_gradient: the node's all-reduce carries g alone, S bytes."""
+    cluster = Cluster(2, 2, GBIT, 10 * GBIT, inter_latency_s=20e-6, intra_latency_s=5e-6)
+    work = Workload(param_bytes=S, compute_s=2.0, intra_node="all_reduce")
+    squares = predict("aer", cluster, work)
+    alone = predict("aer", cluster, replace(work, node_squares=False))
+    assert replace(work, node_squares=False).node_sum_bytes() == S
+    assert alone.node_sum_bytes_per_rank == pytest.approx(S)  # 2 (L-1)/L * S
+    assert alone.node_sum_s == pytest.approx(S / (10 * GBIT) + 10e-6)
+    assert alone.inter_bytes_per_rank == pytest.approx(squares.inter_bytes_per_rank)
+    assert alone.iteration_s == pytest.approx(squares.iteration_s - S / (10 * GBIT))
+    assert replace(work, intra_node="gossip", node_squares=False).node_sum_bytes() == 0
+
+
 def test_intra_node_all_reduce_overlaps_only_the_update_of_earlier_buckets() -> None:
     cluster = Cluster(2, 2, GBIT, 10 * GBIT, inter_latency_s=20e-6, intra_latency_s=5e-6)
     node_s = _node_sum_seconds(cluster)  # 0.16 s: 0.04 s per bucket, longer than a bucket's update
@@ -363,11 +377,15 @@ def test_cli_intra_node_all_reduce_adds_the_node_sum_to_the_gossip_rows(
         return {row[1].strip(): float(row[2]) for row in table}, out
 
     plain, _ = rows([])
-    ours, out = rows(["--intra-node", "all_reduce"])
+    ours, out = rows(["--intra-node", "all_reduce", "--second-moment", "group_gradient"])
     assert plain["aer"] == pytest.approx(400.0, abs=0.05)  # compute-bound
     assert ours["aer"] == pytest.approx(400.0 + 200.01, abs=0.05)
     assert ours[ALLREDUCE] == plain[ALLREDUCE]
     assert "every step each node all-reduces 200 MB (gradients and their squares) in 200.0 ms" in out
+    # the default all_ranks needs no squares: half the bytes (1e8 / 1e9 s + 2 x 5 us)
+    gradients_only, out = rows(["--intra-node", "all_reduce"])
+    assert gradients_only["aer"] == pytest.approx(400.0 + 100.01, abs=0.05)
+    assert "every step each node all-reduces 100 MB (gradients) in 100.0 ms" in out
 
 
 def test_cli_says_all_reduce_when_compute_dominates(capsys: pytest.CaptureFixture[str]) -> None:
@@ -391,6 +409,10 @@ def test_cli_says_all_reduce_when_compute_dominates(capsys: pytest.CaptureFixtur
         (
             "--params 1M --compute-ms 1 --nodes 2 --inter-gbps 1 --intra-node all_reduce --v-every 2",
             "--v-every: with --intra-node all_reduce the node's all-reduce gives",
+        ),
+        (
+            "--params 1M --compute-ms 1 --nodes 2 --inter-gbps 1 --second-moment local --v-every 2",
+            "--v-every: only with --second-moment group_gradient, not local",
         ),
     ],
 )

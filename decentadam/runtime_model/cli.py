@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
 
-from decentadam.decentralized import INTRA_NODE
+from decentadam.decentralized import INTRA_NODE, SECOND_MOMENTS
 from decentadam.runtime_model.model import ALLREDUCE, METHODS, Cluster, Prediction, Workload, predict_all
 
 __all__ = ["build_parser", "main", "parse_size", "recommend"]
@@ -120,11 +120,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(bfloat16 in a pair, float32 in a larger group)",
     )
     parser.add_argument(
+        "--second-moment",
+        choices=SECOND_MOMENTS,
+        help="DecentralizedAdam(second_moment=...) (default: group_gradient with --v-every, else "
+        "all_ranks); with --intra-node all_reduce, group_gradient adds the squares to the node's sum",
+    )
+    parser.add_argument(
         "--intra-node",
         choices=INTRA_NODE,
         default="gossip",
-        help="DecentralizedAdam(intra_node=...): 'all_reduce' all-reduces the gradients and their squares "
-        "(2 x --params values of --bytes-per-param) inside each node before every update, and only "
+        help="DecentralizedAdam(intra_node=...): 'all_reduce' all-reduces the gradients (and with "
+        "--second-moment group_gradient their squares) inside each node before every update, and only "
         "nodes gossip",
     )
     parser.add_argument(
@@ -178,6 +184,10 @@ def recommend(predictions: list[Prediction], threshold: float = 1.10, intra_node
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.v_every is not None and args.second_moment not in (None, "group_gradient"):
+        parser.error(f"--v-every: only with --second-moment group_gradient, not {args.second_moment}")
+    if args.second_moment is None:
+        args.second_moment = "group_gradient" if args.v_every is not None else "all_ranks"
     if args.intra_node == "all_reduce" and args.v_every is not None:
         parser.error(
             "--v-every: with --intra-node all_reduce the node's all-reduce gives second_moment="
@@ -198,9 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(_format_table(predictions))
     node_sums = [p.node_sum_s for p in predictions if p.node_sum_s]
     if args.intra_node == "all_reduce" and node_sums:
+        what = "gradients and their squares" if work.node_squares else "gradients"
         print(
             f"intra_node='all_reduce' (the topologies' rows): every step each node all-reduces "
-            f"{work.node_sum_bytes() / 1e6:.0f} MB (gradients and their squares) in {node_sums[0] * 1e3:.1f} "
+            f"{work.node_sum_bytes() / 1e6:.0f} MB ({what}) in {node_sums[0] * 1e3:.1f} "
             f"ms before updating, and the topologies are built among the {args.nodes} nodes"
         )
     skipped = [m for m in METHODS if m not in {p.method for p in predictions}]
@@ -238,8 +249,11 @@ def _inputs(args: argparse.Namespace) -> tuple[Cluster, Workload]:
         update_overlaps_comm=not args.update_blocks_comm,
         compute_scale=scale,
         hierarchical=args.hierarchical,
-        gradient_values=args.params if args.v_every else 0.0,
+        gradient_values=args.params
+        if args.second_moment == "group_gradient" and args.intra_node != "all_reduce"
+        else 0.0,
         v_every=args.v_every or 2,
         intra_node=args.intra_node,
+        node_squares=args.second_moment == "group_gradient",
     )
     return cluster, work

@@ -25,10 +25,11 @@ Inputs (all measurable without running the training job itself)
              (``G = 4 P``). A step whose exchange carries it sums ``S + G`` bytes instead of ``S``,
              so ``G / k`` more per step on average.
 ``intra_node`` with ``"all_reduce"`` (``DecentralizedAdam(intra_node="all_reduce")``): before every
-             update the ``L`` ranks of each node all-reduce their gradients and the squares,
-             ``2 numel`` values in the parameters' dtype (``2 S`` bytes), over the node's links: a
-             ring of ``L`` ranks that takes ``T_node = 2 (L-1)/L * 2 S / B_intra + 2 (L-1) a_intra``
-             and sends ``2 (L-1)/L * 2 S`` per rank, none across nodes. The parameters are then
+             update the ``L`` ranks of each node all-reduce their gradients, and with
+             ``second_moment="group_gradient"`` their squares too: ``S_node = 2 S`` bytes (``S``
+             without the squares, ``node_squares=False``), over the node's links: a ring of ``L``
+             ranks that takes ``T_node = 2 (L-1)/L * S_node / B_intra + 2 (L-1) a_intra`` and sends
+             ``2 (L-1)/L * S_node`` per rank, none across nodes. The parameters are then
              exchanged on the topology built for the ``N`` nodes (:func:`decentadam.topology.over_nodes`):
              a group is all ranks of its nodes, and a node alone sends nothing (the even steps of
              ``aer`` on 2 nodes). Not applied to All-Reduce.
@@ -223,8 +224,12 @@ class Workload:
     """k: DecentralizedAdam's ``v_every``, the steps between two gradient sums."""
     intra_node: str = "gossip"
     """DecentralizedAdam's ``intra_node``: ``"gossip"`` (every rank is a worker of the topology) or
-    ``"all_reduce"`` (every step the ranks of a node all-reduce ``2 S`` bytes of gradients and their
-    squares before updating, and only nodes gossip; see the module doc). All-Reduce ignores it."""
+    ``"all_reduce"`` (every step the ranks of a node all-reduce their gradients, and their squares
+    with ``node_squares``, before updating, and only nodes gossip; see the module doc). All-Reduce
+    ignores it."""
+    node_squares: bool = True
+    """With ``intra_node="all_reduce"``: whether the node's all-reduce carries ``g**2`` with ``g``
+    (``second_moment="group_gradient"``, ``2 S`` bytes) or only ``g`` (the other second moments, ``S``)."""
 
     def __post_init__(self) -> None:
         if not self.param_bytes > 0:
@@ -270,8 +275,11 @@ class Workload:
         return {group: self.exchange_bytes(step, group) for group in topology.groups(step)}
 
     def node_sum_bytes(self) -> float:
-        """Bytes of the node's gradient all-reduce of one step (``g`` and ``g**2``): ``2 S``, or 0."""
-        return 2 * self.param_bytes if self.intra_node == "all_reduce" else 0.0
+        """Bytes of the node's gradient all-reduce of one step: ``2 S`` (``g`` and ``g**2``), ``S``
+        (``g``, without ``node_squares``), or 0 (``intra_node="gossip"``)."""
+        if self.intra_node != "all_reduce":
+            return 0.0
+        return (2 if self.node_squares else 1) * self.param_bytes
 
     def rounds(self, topology: Topology) -> int:
         """Steps after which the topology's groups and the gradient sums repeat."""
@@ -299,7 +307,7 @@ class Prediction:
     """With ``intra_node="all_reduce"``: seconds of the slowest node's gradient all-reduce, every step."""
     node_sum_bytes_per_rank: float = 0.0
     """With ``intra_node="all_reduce"``: bytes one rank sends per iteration in its node's gradient
-    all-reduce, ``2 (L-1)/L * 2 S``, all inside the node."""
+    all-reduce, ``2 (L-1)/L * S_node`` (``Workload.node_sum_bytes``), all inside the node."""
 
 
 def ring_edges(group: Group) -> list[tuple[int, int]]:
