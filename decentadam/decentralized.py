@@ -96,10 +96,11 @@ class DecentralizedAdam(Optimizer):
     replicas, and only the ``N = n / L`` nodes gossip, on ``topology`` built for the ``N`` nodes
     (:func:`decentadam.topology.over_nodes`; a node alone does not communicate). A rank's step and
     the point where it takes its next gradient then carry the noise of ``L`` ranks' batches, not of
-    one. The all-reduce sends ``g`` and ``g**2`` together (twice the gradient bytes, on the fast
-    link; none more across nodes), so that ``second_moment="group_gradient"`` needs no bytes of its
-    own and no delay: with ``g_L`` the node's mean of ``g`` and ``s_L`` its mean of ``g**2`` minus
-    ``g_L**2`` (``E[s_L] = sigma^2 (1 - 1/L)``), every step, before the update::
+    one. The all-reduce sends the gradient bytes on the fast link (none more across nodes); with
+    ``second_moment="group_gradient"`` it sends ``g**2`` with ``g`` (twice the bytes), so that the
+    estimate needs no bytes of its own and no delay: with ``g_L`` the node's mean of ``g`` and
+    ``s_L`` its mean of ``g**2`` minus ``g_L**2`` (``E[s_L] = sigma^2 (1 - 1/L)``), every step,
+    before the update::
 
         z = g_L**2 - s_L * (1/L - 1/n) / (1 - 1/L)    # E[z] = mu^2 + sigma^2 / n, the same on the node
         A = beta2 * A + (1 - beta2) * z;   u = u + 1;   v = max(A / (1 - beta2**u), V / (1 - beta2**t) / N)
@@ -107,8 +108,8 @@ class DecentralizedAdam(Optimizer):
     (``V`` is of ``g_L``; ``"all_ranks"`` corrects the node's mean for ``N`` instead of ``n``, and
     ``"local"`` keeps the node's own.) docs/parity.md measures it. A parameter without a gradient
     on a rank counts as a zero gradient there, and after the step every parameter's ``.grad``
-    holds the node's mean gradient. Memory: per bucket a buffer of twice its parameters (``g`` and
-    ``g**2``), and ``A`` with ``"group_gradient"``.
+    holds the node's mean gradient. Memory: per bucket a buffer of its parameters' size (twice it
+    with ``"group_gradient"``, for ``g**2``), and ``A`` with ``"group_gradient"``.
 
     Communication overlaps compute: at the end of step ``t`` each bucket of parameters
     (:mod:`decentadam.buckets`) starts an asynchronous sum of ``x_i(t+1)`` over its group of step
@@ -276,7 +277,8 @@ class DecentralizedAdam(Optimizer):
         if intra_node == "all_reduce":
             self._node = next(g for g in node_groups if self.rank in g) if node_groups else (self.rank,)
             if len(self._node) > 1:
-                self._node_sums = {id(b): _NodeSum.of(b) for b in self._buckets}
+                squares = second_moment == "group_gradient"  # only its estimate needs the node's g**2
+                self._node_sums = {id(b): _NodeSum.of(b, squares) for b in self._buckets}
         elif second_moment == "group_gradient" and world_size > 1:
             sizes = {len(g) for g in self.topology.distinct_groups() if self.rank in g}
             self._gradient_sums = {id(b): _GradientSum.of(b, sizes) for b in self._buckets}
@@ -377,13 +379,14 @@ class DecentralizedAdam(Optimizer):
         if exchange is None or exchange.started:
             return
         numel = bucket.buffer.numel()
-        grads, squares = exchange.buffer[:numel], exchange.buffer[numel:]
+        grads = exchange.buffer[:numel]
         for param, view in zip(bucket.params, views_like(grads, bucket.params), strict=True):
             if param.grad is None:  # unused on this rank: its gradient is 0 (as under DDP)
                 view.zero_()
             else:
                 view.copy_(param.grad)
-        torch.mul(grads, grads, out=squares)
+        if exchange.buffer.numel() > numel:  # group_gradient: the squares too
+            torch.mul(grads, grads, out=exchange.buffer[numel:])
         with self._explain_failure(self._step, "start", "node gradient"):
             exchange.handle = self.communicator.group_sum(exchange.buffer, self._node)
         exchange.started = True
@@ -408,7 +411,7 @@ class DecentralizedAdam(Optimizer):
                 param.grad = view.clone()
             else:
                 param.grad.copy_(view)
-        if self.second_moment != "group_gradient":
+        if not mean_sq.numel():  # another second moment: only the gradients were summed
             return
         square = mean.square()  # the one temporary: z is built in it, s_L in the received squares
         spread = mean_sq.sub_(square)  # E = sigma^2 (1 - 1/L)
@@ -673,16 +676,18 @@ class DecentralizedAdam(Optimizer):
 
 @dataclass(eq=False)
 class _NodeSum:
-    """One bucket's all-reduce of ``intra_node="all_reduce"``: its gradients, then their squares."""
+    """One bucket's all-reduce of ``intra_node="all_reduce"``: its gradients, then (for
+    ``second_moment="group_gradient"``) their squares."""
 
-    buffer: Tensor  # (2 * numel,) in the parameters' dtype: g_i and g_i**2 sent, the node's sums received
+    buffer: Tensor  # (numel or 2 numel,) in the parameters' dtype: g_i (and g_i**2) sent, sums received
     handle: Handle | None = None  # the sum in flight
     started: bool = False  # started for this step, not yet averaged into the gradients
 
     @classmethod
-    def of(cls, bucket: Bucket) -> _NodeSum:
+    def of(cls, bucket: Bucket, squares: bool) -> _NodeSum:
         flat = bucket.buffer
-        return cls(torch.empty(2 * flat.numel(), dtype=flat.dtype, device=flat.device))
+        size = (2 if squares else 1) * flat.numel()
+        return cls(torch.empty(size, dtype=flat.dtype, device=flat.device))
 
 
 @dataclass(eq=False)

@@ -4,6 +4,7 @@ second moment of a mean of n gradients, state."""
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
 import pytest
@@ -114,20 +115,37 @@ def test_group_sqs_replace_the_noise_correction_on_both_paths() -> None:
             a = beta2**k * a + (1 - beta2**k) * g[i].square()
         return a
 
-    runs = {}
-    for foreach in (False, True):
+    runs, noise_after = {}, {}
+    for foreach, drop in itertools.product((False, True), (False, True)):
         params = [torch.zeros(shape, dtype=torch.float64) for shape in shapes]
         moments = [[torch.zeros(shape, dtype=torch.float64) for _ in range(3)] for shape in shapes]  # M V S
         steps = [torch.tensor(0.0, dtype=torch.float64) for _ in shapes]
         for t, grads in enumerate(gradients, start=1):
             group_sqs = [a_of(i, t) for i in range(3)]
+            # where A replaces S, S may be left out (None), as DecentralizedAdam's step_group does
+            noise_sqs = [
+                None if drop and a is not None else m[2] for a, m in zip(group_sqs, moments, strict=True)
+            ]
             accum_adamw(
                 params, grads, [m[0] for m in moments], [m[1] for m in moments], [], steps,
                 lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=0.0, accum_steps=1,
-                foreach=foreach, noise_ranks=n, noise_sqs=[m[2] for m in moments],
+                foreach=foreach, noise_ranks=n, noise_sqs=noise_sqs,
                 group_sqs=group_sqs, group_updates=[max(t - 2, 0)] * 2 + [0], v_every=k,
             )  # fmt: skip
-        runs[foreach] = params
+            if t == 2:
+                noise_after[foreach, drop] = [m[2].clone() for m in moments]
+        runs[foreach, drop] = params
+        # S is neither read nor updated once A is there: the first two keep their S of step 2
+        for i in (0, 1):
+            torch.testing.assert_close(moments[i][2], noise_after[foreach, drop][i], rtol=0, atol=0)
+        assert not torch.equal(moments[2][2], noise_after[foreach, drop][2])
+    with pytest.raises(ValueError, match="every parameter needs its noise_sq or its group_sq"):
+        accum_adamw(
+            params, gradients[0], [m[0] for m in moments], [m[1] for m in moments], [], steps,
+            lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=0.0, accum_steps=1,
+            noise_ranks=n, noise_sqs=[None, moments[1][2], moments[2][2]],
+            group_sqs=[None, None, None], group_updates=[0, 0, 0], v_every=k,
+        )  # fmt: skip
     for i in range(3):
         x, m, v, noise = (torch.zeros(shapes[i], dtype=torch.float64) for _ in range(4))
         for t, grads in enumerate(gradients, start=1):
@@ -143,8 +161,8 @@ def test_group_sqs_replace_the_noise_correction_on_both_paths() -> None:
             elif t > 1:
                 v_hat = torch.maximum(v_hat - (1 - 1 / n) * noise / (1 - beta2 ** (t - 1)), v_hat / n)
             x = x - lr * (m / (1 - beta1**t)) / (v_hat.sqrt() + eps)
-        for foreach in (False, True):
-            torch.testing.assert_close(runs[foreach][i], x, rtol=0, atol=1e-14)
+        for run in runs.values():
+            torch.testing.assert_close(run[i], x, rtol=0, atol=1e-14)
 
 
 def mean_step(noise_ranks: int, mean: float, std: float, steps: int = 400) -> float:

@@ -86,6 +86,15 @@ def test_simulated_cluster_matches_the_independent_simulation(world_size: int, c
     if name != "complete":
         assert distance > 0
     assert all(o.stats.exchanges > 0 for o in optimizers)
+    # group_gradient's A replaces the noise estimate S: a rank keeps S only until its first A
+    # (never with nodes, whose A comes before the first step; after k steps with the gossip's sums)
+    kept = {"noise_sq" in st for o in optimizers for st in o.state.values()}
+    corrected = second_moment.removeprefix("node+").startswith(("all_ranks", "group_gradient"))
+    node_ranks = local_world_size if second_moment.startswith("node+") else 1
+    if "group_gradient" in second_moment or not corrected or world_size == node_ranks:
+        assert kept == {False}, config
+    else:
+        assert kept == {True}, config
 
 
 def test_waiting_for_an_exchange_a_member_has_not_started_names_the_ranks() -> None:

@@ -64,7 +64,8 @@ class AccumAdamW(Optimizer):
         ``exp_avg``: ``M``; ``exp_avg_sq``: ``V``;
         ``grad_accum``: ``b``, the running mean gradient of the open window (only when
         ``accum_steps > 1``);
-        ``noise_sq``: ``S``, the gradient noise estimate (only when ``noise_ranks > 1``).
+        ``noise_sq``: ``S``, the gradient noise estimate (only when ``noise_ranks > 1``, and dropped
+        once the decentralized optimizer's ``group_sq`` replaces it: see ``accum_adamw``).
 
     Args:
         params: parameters or parameter groups.
@@ -200,7 +201,10 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
             st["step"] = st["step"].to(torch.float64)
         if accum_steps > 1 and "grad_accum" not in st:
             st["grad_accum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        if noise_ranks > 1 and "noise_sq" not in st:
+        updates = st.get("group_updates", 0) if v_every else 0
+        if updates > 0:  # A replaces S from now on (it is never reset): S is not kept
+            st.pop("noise_sq", None)
+        elif noise_ranks > 1 and "noise_sq" not in st:
             st["noise_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         grads.append(grad)
         exp_avgs.append(st["exp_avg"])
@@ -209,8 +213,7 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
         if accum_steps > 1:
             grad_accums.append(st["grad_accum"])
         if noise_ranks > 1:
-            noise_sqs.append(st["noise_sq"])
-        updates = st.get("group_updates", 0) if v_every else 0
+            noise_sqs.append(st["noise_sq"] if updates == 0 else None)
         group_sqs.append(st["group_sq"] if updates > 0 else None)
         group_updates.append(updates)
     beta1, beta2 = group["betas"]
@@ -252,7 +255,7 @@ def accum_adamw(
     accum_steps: int,
     foreach: bool | None = None,
     noise_ranks: int = 1,
-    noise_sqs: list[Tensor] | None = None,
+    noise_sqs: list[Tensor | None] | None = None,
     group_sqs: list[Tensor | None] | None = None,
     group_updates: list[int] | None = None,
     v_every: int = 1,
@@ -266,7 +269,8 @@ def accum_adamw(
     gradient that :class:`~decentadam.DecentralizedAdam` (``second_moment="group_gradient"``)
     estimates from its exchange group's gradients, updated ``group_updates`` (``u``) times, every
     ``v_every`` (``k``) steps, or ``None`` where ``u = 0``. Where given it replaces the noise
-    correction: ``v = max(A / (1 - beta2**(k u)), V / (1 - beta2**t) / n)``.
+    correction: ``v = max(A / (1 - beta2**(k u)), V / (1 - beta2**t) / n)``, and that parameter's
+    ``S`` is neither read nor updated (its ``noise_sqs`` entry may be ``None``).
     """
     noise_sqs = noise_sqs if noise_sqs is not None else []
     group_sqs = group_sqs if group_sqs is not None else [None] * len(params)
@@ -277,6 +281,8 @@ def accum_adamw(
         raise ValueError("noise_ranks > 1 needs accum_steps == 1 and one noise_sq tensor per parameter")
     if any(a is not None for a in group_sqs) and noise_ranks == 1:
         raise ValueError("group_sqs replace the noise correction: they need noise_ranks > 1")
+    if noise_ranks > 1 and any(s is None and a is None for s, a in zip(noise_sqs, group_sqs, strict=True)):
+        raise ValueError("noise_ranks > 1: every parameter needs its noise_sq or its group_sq")
     u_values = [u if a is not None else 0 for a, u in zip(group_sqs, u_values, strict=True)]
     if foreach is None:
         foreach = all(p.device.type in ("cpu", "cuda") for p in params)
@@ -288,10 +294,13 @@ def accum_adamw(
     if foreach:
         for index_list in _group_for_foreach(params, grads, t_values, u_values):
             u = u_values[index_list[0]]
-            lists = [params, grads, exp_avgs, exp_avg_sqs] + ([extra] if extra else [])
-            selected = [[tensors[i] for i in index_list] for tensors in lists]
-            if u > 0:  # every parameter of this list has its A
-                selected.append([a for i in index_list if (a := group_sqs[i]) is not None])
+            # one extra list: b (accum_steps > 1), S (noise_ranks > 1 and no A yet) or A (u > 0)
+            if u > 0:  # every parameter of this list has its A, which replaces S
+                extra_list: list[Tensor | None] = [group_sqs[i] for i in index_list]
+            else:
+                extra_list = [extra[i] for i in index_list] if extra else []
+            lists = [[tensors[i] for i in index_list] for tensors in (params, grads, exp_avgs, exp_avg_sqs)]
+            selected = lists + ([[t for t in extra_list if t is not None]] if extra_list else [])
             for p_, g_, m_, v_, *b_ in _cpu_chunks(selected):
                 _foreach_accum_adamw(
                     p_,
@@ -301,8 +310,8 @@ def accum_adamw(
                     b_[0] if accum_steps > 1 else [],
                     t_values[index_list[0]],
                     hyper,
-                    b_[0] if noise_ranks > 1 else [],
-                    b_[1] if u > 0 else [],
+                    b_[0] if noise_ranks > 1 and u == 0 else [],
+                    b_[0] if u > 0 else [],
                     u,
                 )
     else:
@@ -368,19 +377,21 @@ def _single_accum_adamw(
     bias_correction1, bias_correction2_sqrt = hyper.bias_corrections(t)
     if weight_decay != 0.0:
         param.mul_(1.0 - lr * weight_decay)
-    if noise_sq is not None and t > 1:  # S from g_t's deviation from the momentum before it
-        momentum_scale, weight, noise_scale, share = hyper.noise_terms(t)
+    if noise_sq is not None and group_sq is None and t > 1:  # S: g_t's deviation from the momentum before
+        momentum_scale, weight, _, _ = hyper.noise_terms(t)
         deviation = torch.sub(grad, exp_avg, alpha=momentum_scale)
         noise_sq.mul_(beta2).addcmul_(deviation, deviation, value=weight)
     if grad_accum is None:  # accum_steps == 1: the committed moments are the preview (AdamW)
         exp_avg.lerp_(grad, 1.0 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
         m = exp_avg
-        if noise_sq is not None and (t > 1 or group_sq is not None):
+        if hyper.noise_ranks > 1 and (t > 1 or group_sq is not None):
             second = exp_avg_sq / bias_correction2_sqrt**2  # v, bias-corrected
             if group_sq is not None:  # A from the exchange group's gradients replaces V - (1 - 1/n) S
                 corrected = group_sq / hyper.group_correction(u)
             else:
+                assert noise_sq is not None, "noise_ranks > 1 without A needs S"
+                _, _, noise_scale, share = hyper.noise_terms(t)
                 corrected = torch.add(second, noise_sq, alpha=-share * noise_scale)
             denom = torch.maximum(corrected, second.div_(hyper.noise_ranks)).sqrt_().add_(eps)
             param.addcdiv_(m, denom, value=-lr / bias_correction1)
@@ -415,9 +426,9 @@ def _foreach_accum_adamw(
     bias_correction1, bias_correction2_sqrt = hyper.bias_corrections(t)
     if weight_decay != 0.0:
         torch._foreach_mul_(params, 1.0 - lr * weight_decay)
-    if noise_sqs and (t > 1 or group_sqs):  # see _single_accum_adamw
-        if t > 1:
-            momentum_scale, weight, noise_scale, share = hyper.noise_terms(t)
+    if hyper.noise_ranks > 1 and (t > 1 or group_sqs):  # see _single_accum_adamw
+        momentum_scale, weight, noise_scale, share = hyper.noise_terms(t) if t > 1 else (0.0, 0.0, 0.0, 0.0)
+        if noise_sqs and t > 1:  # S, where no A replaces it
             deviations = torch._foreach_mul(exp_avgs, momentum_scale)
             torch._foreach_sub_(deviations, grads)  # sign does not matter: it is squared
             torch._foreach_mul_(noise_sqs, beta2)
@@ -429,6 +440,7 @@ def _foreach_accum_adamw(
         if group_sqs:
             corrected = torch._foreach_div(group_sqs, hyper.group_correction(u))
         else:
+            assert noise_sqs, "noise_ranks > 1 without A needs S"
             corrected = torch._foreach_add(second, noise_sqs, alpha=-share * noise_scale)
         torch._foreach_div_(second, hyper.noise_ranks)
         torch._foreach_maximum_(corrected, second)
