@@ -37,7 +37,14 @@ def test_table_runs_each_method_and_resumes(tmp_path: Path, capsys: pytest.Captu
     run = table["own v (local)"]["4"]["curve"][1]["valid_nll"]
     reference = table["All-Reduce"]["4"]["curve"][1]["valid_nll"]
     assert f"{run:.3f} ({run - reference:+.3f})" in markdown
-    assert markdown.count("\n| 2 | 256 |") == 3 and markdown.count("\n| 4 | 128 |") == 3
+    rows = len(workers_table.METHODS)
+    assert markdown.count("\n| 2 | 256 |") == rows and markdown.count("\n| 4 | 128 |") == rows
+    # 2 workers are one node of 2 (the preset's local_world_size): averaging gradients in it is
+    # All-Reduce (AdamW on the mean gradient; group_gradient's estimate is the mean's square)
+    node = [p["valid_nll"] for p in table["nodes (intra_node=all_reduce)"]["2"]["curve"]]
+    assert node == pytest.approx([p["valid_nll"] for p in table["All-Reduce"]["2"]["curve"]], rel=1e-5)
+    two_nodes = [p["valid_nll"] for p in table["nodes (intra_node=all_reduce)"]["4"]["curve"]]
+    assert two_nodes != pytest.approx([p["valid_nll"] for p in table["All-Reduce"]["4"]["curve"]], rel=1e-5)
 
     # a second call finds every run on disk and only renders
     capsys.readouterr()

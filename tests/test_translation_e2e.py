@@ -118,3 +118,22 @@ def test_train_checkpoint_resume_and_bleu(optimizer: str, corpus: Path, tmp_path
     ])  # fmt: skip
     assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     assert scores["sentences"] == 12 and scores["checkpoints"] == [str(straight / "step-2"), str(checkpoint)]
+
+
+def test_nodes_simulated_in_one_process_equal_the_4_process_run(corpus: Path, tmp_path: Path) -> None:
+    """benchmarks.parity.workers with intra_node=all_reduce (what the workers table runs at n >= 8)
+    against the recipe on 4 gloo processes as 2 nodes x 2, step for step."""
+    node = ["optim.intra_node=all_reduce", "optim.second_moment=group_gradient"]
+    settings = [f"data={corpus}", f"data.cache_dir={tmp_path / 'cache'}", "--optimizer", "decentralized"]
+    run = tmp_path / "run"
+    launch(*settings, *TINY, *node, f"train.output_dir={run}", "train.max_steps=4")
+    simulated = tmp_path / "simulated.json"
+    workers.main([
+        "--preset", "demo-synthetic-en-de", "--data", str(corpus), "--workers", "4", "--optimizer",
+        "decentralized", "--steps", "4", "--eval-every", "2", "--check-against", str(run), "--out",
+        str(simulated), f"data.cache_dir={tmp_path / 'cache'}", *TINY, *node,
+    ])  # fmt: skip
+    result = json.loads(simulated.read_text())
+    assert result["check"]["steps"] == [1, 2, 3, 4] and result["check"]["max_relative_difference"] < 1e-5
+    recipe_nll = [json.loads(line)["valid_nll"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [p["valid_nll"] for p in result["curve"]] == pytest.approx(recipe_nll, rel=1e-5)

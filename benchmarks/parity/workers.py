@@ -179,6 +179,22 @@ class Diagnosis:
         return record
 
 
+def node_size(local_world_size: int, workers: int, node_sums: bool) -> int:
+    """Ranks per simulated node: ``optim.local_world_size`` where there are at least two such nodes
+    (one node, or nodes that do not divide the workers, with ``intra_node="all_reduce"`` too), else
+    one rank each."""
+    if not local_world_size or workers % local_world_size:
+        if node_sums and local_world_size:
+            raise SystemExit(
+                f"optim.intra_node=all_reduce: {workers} workers are not nodes of optim.local_world_size = "
+                f"{local_world_size}; choose a worker count it divides"
+            )
+        return 1
+    if workers // local_world_size >= 2 or node_sums:
+        return local_world_size
+    return 1
+
+
 def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
     world = Workers(cfg, args.workers)
     o = cfg.optim
@@ -186,8 +202,8 @@ def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
     models = world.models if decentralized else world.models[:1]
     cluster = SimulatedCluster(args.workers)
     optimizers: list[Any] = []
-    # nodes of optim.local_world_size ranks where there are at least two of them, else one rank each
-    nodes_of = o.local_world_size if o.local_world_size and args.workers // o.local_world_size >= 2 else 1
+    node_sums = o.intra_node == "all_reduce"  # the ranks of a node average their gradients first
+    nodes_of = node_size(o.local_world_size, args.workers, node_sums)
     for rank, model in enumerate(models):
         model.train()
         if decentralized:
@@ -200,7 +216,8 @@ def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
                     weight_decay=o.weight_decay,
                     accum_steps=o.accum_steps,
                     second_moment=o.second_moment,  # type: ignore[arg-type]
-                    v_every=o.v_every if o.second_moment == "group_gradient" else None,
+                    v_every=o.v_every if o.second_moment == "group_gradient" and not node_sums else None,
+                    intra_node=o.intra_node,  # type: ignore[arg-type]
                     topology=o.topology,
                     local_world_size=nodes_of,
                     communicator=cluster.communicator(rank),
@@ -228,6 +245,9 @@ def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
             for rank, (model, opt) in enumerate(zip(models, optimizers, strict=True)):
                 opt.zero_grad(set_to_none=True)
                 step_losses.append(world.backward(rank, model))
+            if node_sums:  # every node's all-reduce starts before any rank waits for its own
+                for opt in optimizers:
+                    opt.start_gradient_sums()
             for opt in optimizers:  # lock step, in rank order
                 opt.step()
         else:

@@ -1,8 +1,10 @@
 """How the gap to All-Reduce grows with the number of workers at a fixed global batch: the table.
 
 Runs :mod:`benchmarks.parity.workers` for each worker count and method (All-Reduce;
-``DecentralizedAdam`` with each rank's own second moment, ``second_moment=local``; and with the
-default ``second_moment=all_ranks``), one process each, and writes ``OUT/workers.md`` and
+``DecentralizedAdam`` with each rank's own second moment, ``second_moment=local``; with the
+default ``second_moment=all_ranks``; and with the gradients averaged inside nodes of
+``optim.local_world_size`` ranks, ``intra_node=all_reduce`` with ``second_moment=group_gradient``,
+which on one node is All-Reduce), one process each, and writes ``OUT/workers.md`` and
 ``OUT/workers.json``: the validation NLL of each run at every evaluation, and its difference to
 All-Reduce's at the same worker count. A run whose JSON is already in ``OUT`` is not repeated, so
 an interrupted table resumes::
@@ -28,6 +30,10 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "All-Reduce": ("allreduce", []),
     "own v (local)": ("decentralized", ["optim.second_moment=local"]),
     "all_ranks (default)": ("decentralized", ["optim.second_moment=all_ranks"]),
+    "nodes (intra_node=all_reduce)": (
+        "decentralized",
+        ["optim.intra_node=all_reduce", "optim.second_moment=group_gradient"],
+    ),
 }
 
 
