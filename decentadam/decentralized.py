@@ -724,4 +724,5 @@ def _group_gradient_sq(total: Tensor, own: Tensor, q: int, n: int) -> Tensor:
     mean = total.div_(q) if total.dtype == torch.float32 else total.float().div_(q)
     mean_sq = mean.square()
     share = (1.0 / q - 1.0 / n) / (1.0 - 1.0 / q)
-    return mean_sq - (own.float().square() - mean_sq) * share
+    spread = own.to(torch.float32, copy=True).square_().sub_(mean_sq).mul_(share)  # the one other temporary
+    return mean_sq.sub_(spread)
