@@ -139,12 +139,19 @@ def test_group_sqs_replace_the_noise_correction_on_both_paths() -> None:
         for i in (0, 1):
             torch.testing.assert_close(moments[i][2], noise_after[foreach, drop][i], rtol=0, atol=0)
         assert not torch.equal(moments[2][2], noise_after[foreach, drop][2])
-    with pytest.raises(ValueError, match="every parameter needs its noise_sq or its group_sq"):
+    with pytest.raises(ValueError, match=r"needs its noise_sq or its group_sq \(with u > 0\)"):
         accum_adamw(
             params, gradients[0], [m[0] for m in moments], [m[1] for m in moments], [], steps,
             lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=0.0, accum_steps=1,
             noise_ranks=n, noise_sqs=[None, moments[1][2], moments[2][2]],
             group_sqs=[None, None, None], group_updates=[0, 0, 0], v_every=k,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="needs its noise_sq or its group_sq"):  # an A not yet updated
+        accum_adamw(
+            params, gradients[0], [m[0] for m in moments], [m[1] for m in moments], [], steps,
+            lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=0.0, accum_steps=1,
+            noise_ranks=n, noise_sqs=[None, moments[1][2], moments[2][2]],
+            group_sqs=[moments[0][2], None, None], group_updates=[0, 0, 0], v_every=k,
         )  # fmt: skip
     for i in range(3):
         x, m, v, noise = (torch.zeros(shapes[i], dtype=torch.float64) for _ in range(4))

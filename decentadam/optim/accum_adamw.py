@@ -281,9 +281,9 @@ def accum_adamw(
         raise ValueError("noise_ranks > 1 needs accum_steps == 1 and one noise_sq tensor per parameter")
     if any(a is not None for a in group_sqs) and noise_ranks == 1:
         raise ValueError("group_sqs replace the noise correction: they need noise_ranks > 1")
-    if noise_ranks > 1 and any(s is None and a is None for s, a in zip(noise_sqs, group_sqs, strict=True)):
-        raise ValueError("noise_ranks > 1: every parameter needs its noise_sq or its group_sq")
     u_values = [u if a is not None else 0 for a, u in zip(group_sqs, u_values, strict=True)]
+    if noise_ranks > 1 and any(s is None and u == 0 for s, u in zip(noise_sqs, u_values, strict=True)):
+        raise ValueError("noise_ranks > 1: every parameter needs its noise_sq or its group_sq (with u > 0)")
     if foreach is None:
         foreach = all(p.device.type in ("cpu", "cuda") for p in params)
     for step in state_steps:
