@@ -176,6 +176,17 @@ def test_every_method_on_aers_graph_is_judged_and_bleu_only_in_all_reduces_time(
     assert {g["goal"]: g["met"] for g in report["goals"]}[bleu["goal"]]
 
 
+def test_all_reduce_alone_reports_without_a_comparison(tmp_path: Path) -> None:
+    """A run of All-Reduce alone (the --baseline of later runs): no goals, no table of levels."""
+    report = made_up_report()
+    report["runs"] = {"allreduce": report["runs"]["allreduce"]}
+    report["overrides"] = []
+    md = reporting.write_report(report, tmp_path)[0].read_text()
+    assert "with no overrides, 30 steps per method" in md
+    assert "## Goals" not in md and "## Time to each of All-Reduce's validation losses" not in md
+    assert "|  |" not in md
+
+
 def test_comm_wait_from_the_runs_tensorboard_logs(tmp_path: Path) -> None:
     from torch.utils.tensorboard import SummaryWriter
 

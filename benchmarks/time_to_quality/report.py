@@ -31,14 +31,15 @@ def markdown(report: dict[str, Any]) -> str:
         report["model_inputs"]["inter_bytes_per_s"] * 8 / 1e6, cal["param_bytes"]
     )  # tbf passes TCP payload at a little under its rate (headers, the other direction's ACKs)
     lines = [
-        "# Time to the same translation quality on a slow network: All-Reduce against AccumAdam",
+        "# Time to the same translation quality on a slow network: All-Reduce against decentralized Adam",
         "",
         "```bash",
         report["command"],
         "```",
         "",
-        f"Preset `{report['preset']}` with `{' '.join(report['overrides']) or 'no overrides'}`, "
-        f"{report['steps']} steps per method, validation loss every {report['eval_every']} steps, "
+        f"Preset `{report['preset']}` with "
+        + (f"`{' '.join(report['overrides'])}`, " if report["overrides"] else "no overrides, ")
+        + f"{report['steps']} steps per method, validation loss every {report['eval_every']} steps, "
         f"{NODES} emulated nodes x {RANKS_PER_NODE} ranks (benchmarks/cluster/netns.py), "
         f"same seed (initial weights and data order) for every method. "
         f"Machine: {report['machine'].get('cpu', '?')}, {report['machine'].get('cores', '?')} cores, "
@@ -124,6 +125,8 @@ def markdown(report: dict[str, Any]) -> str:
 def levels_table(report: dict[str, Any]) -> list[str]:
     """Time (and steps) each method takes to reach each of All-Reduce's evaluated losses."""
     names = [n for n in report["runs"] if n != BASELINE]
+    if not names:  # All-Reduce alone (a run to be the --baseline of others): nothing to compare
+        return []
     lines = [
         "## Time to each of All-Reduce's validation losses",
         "",

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 from benchmarks.time_to_quality.methods import BASELINE, DEFAULT_METHODS, METHODS, RANKS_PER_NODE
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-DESCRIPTION = "Time to the same translation quality on a slow network: All-Reduce against AccumAdam."
+DESCRIPTION = "Time to the same translation quality on a slow network: All-Reduce against decentralized Adam."
 CONTROLLED = (
     "data.path", "train.max_steps", "train.max_minutes", "train.output_dir", "train.eval_every",
     "optim.optimizer", "optim.topology", "optim.local_world_size",
