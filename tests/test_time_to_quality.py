@@ -167,9 +167,9 @@ def test_every_method_on_aers_graph_is_judged_and_bleu_only_in_all_reduces_time(
     label = METHODS["aer-node"].label
     by_goal = {g["goal"]: g for g in report["goals"]}
     assert len(report["goals"]) == 6  # three for aer, three for aer-node; none for complete
-    reached = by_goal[f"{label} reaches All-Reduce's final validation loss in <= 0.6x its time"]
+    reached = by_goal[f"{label}: reaches All-Reduce's final validation loss in <= 0.6x its time"]
     assert reached["met"] and reached["measured"] == "0.58x"
-    bleu = by_goal[f"{label}'s BLEU within 0.5 of All-Reduce's in no more training time"]
+    bleu = by_goal[f"{label}: BLEU within 0.5 of All-Reduce's in no more training time"]
     assert not bleu["met"] and bleu["measured"] == "30.00 vs 30.00 (+0.00) after 1.17x its training time"
     report["runs"]["aer-node"]["curve"][-1]["train_seconds"] = 60.0  # the same BLEU in All-Reduce's time
     curves.analyse(report)

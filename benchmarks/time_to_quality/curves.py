@@ -142,7 +142,7 @@ def _goals_of(label: str, run: dict[str, Any], base: dict[str, Any]) -> list[dic
     time_ratio = run.get("time_ratio")
     found.append(
         {
-            "goal": f"{label} reaches All-Reduce's final validation loss in <= {TTQ_TIME_RATIO:g}x its time",
+            "goal": f"{label}: reaches All-Reduce's final validation loss in <= {TTQ_TIME_RATIO:g}x its time",
             "measured": "not reached" if time_ratio is None else f"{time_ratio:.2f}x",
             "met": time_ratio is not None and time_ratio <= TTQ_TIME_RATIO,
         }
@@ -153,7 +153,7 @@ def _goals_of(label: str, run: dict[str, Any], base: dict[str, Any]) -> list[dic
         within = seconds is not None and seconds <= 1.0
         found.append(
             {
-                "goal": f"{label}'s BLEU within {TTQ_BLEU_GAP:g} of All-Reduce's in no more training time",
+                "goal": f"{label}: BLEU within {TTQ_BLEU_GAP:g} of All-Reduce's in no more training time",
                 "measured": f"{run['bleu']:.2f} vs {base['bleu']:.2f} ({run['bleu'] - base['bleu']:+.2f})"
                 + ("" if seconds is None else f" after {seconds:.2f}x its training time"),
                 "met": gap <= TTQ_BLEU_GAP and within,
@@ -164,7 +164,7 @@ def _goals_of(label: str, run: dict[str, Any], base: dict[str, Any]) -> list[dic
         error = predicted / measured - 1
         found.append(
             {
-                "goal": f"the runtime model's {label} / All-Reduce iteration ratio within "
+                "goal": f"{label}: the runtime model's ratio of its iteration to All-Reduce's within "
                 f"{MODEL_TOLERANCE:.0%} of the measured one",
                 "measured": f"predicted {predicted:.2f}, measured {measured:.2f} ({error:+.0%})",
                 "met": abs(error) <= MODEL_TOLERANCE,
