@@ -427,8 +427,8 @@ def _foreach_accum_adamw(
     if weight_decay != 0.0:
         torch._foreach_mul_(params, 1.0 - lr * weight_decay)
     if hyper.noise_ranks > 1 and (t > 1 or group_sqs):  # see _single_accum_adamw
-        momentum_scale, weight, noise_scale, share = hyper.noise_terms(t) if t > 1 else (0.0, 0.0, 0.0, 0.0)
         if noise_sqs and t > 1:  # S, where no A replaces it
+            momentum_scale, weight, _, _ = hyper.noise_terms(t)
             deviations = torch._foreach_mul(exp_avgs, momentum_scale)
             torch._foreach_sub_(deviations, grads)  # sign does not matter: it is squared
             torch._foreach_mul_(noise_sqs, beta2)
@@ -441,6 +441,7 @@ def _foreach_accum_adamw(
             corrected = torch._foreach_div(group_sqs, hyper.group_correction(u))
         else:
             assert noise_sqs, "noise_ranks > 1 without A needs S"
+            _, _, noise_scale, share = hyper.noise_terms(t)
             corrected = torch._foreach_add(second, noise_sqs, alpha=-share * noise_scale)
         torch._foreach_div_(second, hyper.noise_ranks)
         torch._foreach_maximum_(corrected, second)
