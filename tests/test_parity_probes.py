@@ -93,12 +93,13 @@ def train(
     rank: int,
     steps: int,
     gradients: list[torch.Tensor] | None = None,
+    seed_offset: int = 0,
 ) -> list[torch.Tensor]:
     """The weights after each of ``steps`` steps on this rank's batches (and, if asked, each step's
-    gradient in the optimizer's bucket order)."""
+    gradient in the optimizer's bucket order); ``seed_offset`` continues a run step by step."""
     weights = []
     for step in range(steps):
-        generator = torch.Generator().manual_seed(100 * rank + step)
+        generator = torch.Generator().manual_seed(100 * rank + seed_offset + step)
         x = torch.randn(8, 4, generator=generator, dtype=torch.float64)
         optimizer.zero_grad()
         loss_of(model, x).backward()
@@ -224,3 +225,54 @@ def test_v_oracle_divides_by_the_second_moment_of_the_all_reduced_gradient() -> 
         expected = beta2 * expected + (1 - beta2) * mean[: expected.numel()].square()
     for result in results:
         torch.testing.assert_close(result["oracle_sq"], expected, rtol=1e-12, atol=1e-15)
+
+
+def point_shift_worker(rank: int, world_size: int) -> dict[str, Any]:
+    import os
+
+    from benchmarks.parity.point_shift import PointShiftAdam
+
+    def shift_of(optimizer: PointShiftAdam, model: nn.Module) -> torch.Tensor:
+        shift = {}
+        for bucket in optimizer.buckets:
+            if id(bucket) in optimizer._shifts:
+                shift.update(zip(map(id, bucket.params), optimizer._shifts[id(bucket)], strict=True))
+        return torch.cat([shift.get(id(p), torch.zeros_like(p)).reshape(-1) for p in model.parameters()])
+
+    out: dict[str, Any] = {}
+    for scale in ("1.0", "0.0"):
+        os.environ["DECENTADAM_POINT_SHIFT"] = scale
+        model = make_model()
+        optimizer = PointShiftAdam(model.parameters(), lr=LR, betas=BETAS, eps=EPS, topology="complete")
+        points, sent = [], []
+        for step in range(4):
+            (point,) = train(model, optimizer, rank, 1, seed_offset=step)
+            points.append(point)
+            sent.append(point - shift_of(optimizer, model))
+        optimizer.close()
+        out[scale] = {"points": points, "sent": sent}
+    model = make_model()
+    plain = DecentralizedAdam(model.parameters(), lr=LR, betas=BETAS, eps=EPS, topology="complete")
+    out["plain"] = train(model, plain, rank, 4)
+    plain.close()
+    return out
+
+
+def test_point_shift_moves_the_gradient_point_by_beta1_times_the_last_deviation() -> None:
+    """What a rank sends is DecentralizedAdam's step from the gradient it took; the point it takes
+    the next gradient at is shifted by b1 (mix_i(t) - x_i(t)), and the shifts of a group sum to zero.
+    With c = 0 it is DecentralizedAdam."""
+    results = run_distributed(point_shift_worker, 2)
+    for result in results:
+        for a, b in zip(result["0.0"]["points"], result["plain"], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    shifted = [r["1.0"] for r in results]
+    assert not torch.equal(shifted[0]["points"][3], results[0]["plain"][3])  # the points differ
+    for step in range(1, 4):
+        mean_sent = (shifted[0]["sent"][step - 1] + shifted[1]["sent"][step - 1]) / 2
+        for rank in range(2):
+            shift = shifted[rank]["points"][step] - shifted[rank]["sent"][step]
+            expected = BETAS[0] * (mean_sent - shifted[rank]["sent"][step - 1])
+            torch.testing.assert_close(shift, expected, rtol=1e-12, atol=1e-15)
+        total = (shifted[0]["points"][step] + shifted[1]["points"][step]) / 2
+        torch.testing.assert_close(total, (shifted[0]["sent"][step] + shifted[1]["sent"][step]) / 2)

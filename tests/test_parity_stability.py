@@ -23,6 +23,9 @@ def test_thresholds_match_the_closed_forms(beta1: float) -> None:
     assert first_unstable_after((1 + beta1) / (1 - beta1), deviation)
     gm = threshold(found["deviation, momentum of the mean + own gradient"])
     assert first_unstable_after(1 / (1 - beta1), gm)
+    # point_shift: 1 + b - (1 - b) a (1 + b) > 0, the momentum of the mean's range
+    shifted = threshold(found["deviation, own momentum, point shifted by b1 x the last deviation"])
+    assert first_unstable_after(1 / (1 - beta1), shifted)
 
 
 def test_lazy_mixing_widens_the_range_and_late_gradients_narrow_it() -> None:

@@ -13,6 +13,9 @@ Rules:
   gradient is taken at ``mean - lr P e``, so ``e' = (b - (1 - b) a) e``.
 - the same with the momentum of the mean and the rank's own gradient (``gm-oracle``):
   ``d' = -(1 - b) a d``.
+- the gradient point shifted towards the mean by ``b1`` times the rank's last deviation
+  (``point_shift``): what the deviation keeps at the point is its fresh gradient's share,
+  ``e' = b e - (1 - b) a (e - b e_prev)``.
 - lazy mixing ``(1 - alpha) I + alpha W``: the deviation keeps ``1 - alpha`` of its position.
 - the mean with its next gradient taken one step late (at the mixed weights), or with only the
   fresh gradient's share of the step late.
@@ -54,6 +57,10 @@ def rules(b: float) -> dict[str, Rule]:
         "All-Reduce (mean of the ranks)": lambda a: t([[1 - a * (1 - b), -a * b], [1 - b, b]]),
         "deviation, own momentum, full mixing": lambda a: t([[b - (1 - b) * a]]),
         "deviation, momentum of the mean + own gradient": lambda a: t([[-(1 - b) * a]]),
+        # state [e(t), e(t-1)]: the gradient is taken at -(e(t) - b e(t-1)), its fresh share only
+        "deviation, own momentum, point shifted by b1 x the last deviation": lambda a: t(
+            [[b - (1 - b) * a, (1 - b) * a * b], [1.0, 0.0]]
+        ),
         "deviation, own momentum, lazy mixing alpha=0.5": lazy(0.5),
         "deviation, own momentum, lazy mixing alpha=0.25": lazy(0.25),
         # state [x(t+1), x(t), m(t)]: the gradient of step t+1 is taken at x(t)
