@@ -1,5 +1,6 @@
 """The parity probes of benchmarks.parity (mean_weights, shared_v, predicted_point, gossip_v,
-v_oracle, node_gradient), and the group-gradient second moment that began as one (group_gradient_v).
+v_oracle, lazy_mixing, point_shift), and the group-gradient second moment that began as one
+(group_gradient_v).
 
 Each probe changes one thing about ``DecentralizedAdam(second_moment="all_ranks")``; these tests
 pin what the measurements in docs/parity.md rely on: on one rank every probe's update is AdamW's,
@@ -18,7 +19,6 @@ from torch import nn
 
 from benchmarks.parity.gossip_v import gossip_v_update
 from benchmarks.parity.mean_weights import install
-from benchmarks.parity.node_gradient import node_gradient_update
 from benchmarks.parity.predicted_point import predicted_update
 from benchmarks.parity.shared_v import shared_v_update
 from benchmarks.parity.v_oracle import v_oracle_update
@@ -31,7 +31,6 @@ UPDATES = {
     "predicted_point": predicted_update,
     "gossip_v": gossip_v_update,
     "v_oracle": v_oracle_update,
-    "node_gradient": node_gradient_update,  # one rank: a node of one, its own gradient
 }
 
 
