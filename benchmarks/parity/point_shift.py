@@ -15,10 +15,12 @@ is its fresh gradient's share: at ``c = 1`` about 0.44x its size (``0.1`` agains
 ``0.1 / sqrt(1 - 0.81)`` of the gradient noise at ``b1 = 0.9``). The price, by the linear account of
 ``benchmarks.parity.stability``: along a direction of preconditioned curvature ``a = lr * lambda``
 the deviation becomes ``-(1 - b1) a`` times the last one, unstable from ``a = 10`` instead of 19.
-No bytes, the overlap unchanged. Measured (docs/parity.md, section 7): over 2 nodes on the complete
-graph the points were 3-5x closer in squared distance and the run 0.22 nats behind the unshifted one
-at step 400. Run it like the recipe, on the complete graph (over the nodes with
-``optim.intra_node=all_reduce``), where the group's mean is the mean::
+No bytes, the overlap unchanged. Between steps the model holds the shifted weights, so checkpoints
+hold them too (not for resuming), and the evaluation's exact average over the ranks is the
+parameters' own only on the complete graph, where the shifts sum to zero. Measured (docs/parity.md,
+section 7): over 2 nodes on the complete graph the points were 3-5x closer in squared distance and
+the run 0.22 nats behind the unshifted one at step 400. Run it like the recipe, on the complete
+graph (over the nodes with ``optim.intra_node=all_reduce``), where the group's mean is the mean::
 
     accelerate launch --multi_gpu --num_processes 4 -m benchmarks.parity.point_shift \\
         --preset multi30k-en-de --optimizer decentralized optim.topology=complete data=MULTI30K
