@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import math
 import shlex
@@ -53,8 +54,9 @@ def group_of(name: str) -> str:
 class Workers:
     """The recipe's data and n copies of its model, one per simulated rank, with per-rank streams."""
 
-    def __init__(self, cfg: config.Config, workers: int) -> None:
+    def __init__(self, cfg: config.Config, workers: int, device: str = "cpu") -> None:
         d, t = cfg.data, cfg.train
+        self.device = torch.device(device)
         self.tokenizer, _, self.train_set, self.val_set = data.prepare_data(d)  # the recipe's data
         self.pad_id = self.tokenizer.pad_token_id
         max_tokens = t.global_tokens // (workers * t.grad_accum)
@@ -82,20 +84,30 @@ class Workers:
         self.cfg, self.workers = cfg, workers
         self.position = [(0, 0)] * workers  # (epoch, batch) of each rank
         self.models = [self.new_model() for _ in range(workers)]  # the same weights: one seed
-        self.rng = []
+        self.rng: list[tuple[Tensor, Tensor | None]] = []
         for rank in range(workers):  # the recipe's per-rank dropout streams
             torch.manual_seed(t.seed + 1000 * (rank + 1))
-            self.rng.append(torch.get_rng_state())
+            self.rng.append(self.rng_state())
+
+    def rng_state(self) -> tuple[Tensor, Tensor | None]:
+        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        return torch.get_rng_state(), cuda
+
+    def set_rng_state(self, state: tuple[Tensor, Tensor | None]) -> None:
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state(state[1], self.device)
 
     def new_model(self) -> nn.Module:
         torch.manual_seed(self.cfg.train.seed)
         tokenizer = self.tokenizer
-        return build_model(  # type: ignore[no-any-return]
+        model: nn.Module = build_model(
             len(tokenizer),
             pad_id=self.pad_id,
             eos_id=tokenizer.eos_token_id,
             **dataclasses.asdict(self.cfg.model),
         )
+        return model.to(self.device)
 
     def next_batch(self, rank: int) -> dict[str, Tensor]:
         epoch, index = self.position[rank]
@@ -104,21 +116,23 @@ class Workers:
             epoch, index = epoch + 1, 0
             batches = self.batches[rank].epoch_batches(epoch)
         self.position[rank] = (epoch, index + 1)
-        return data.collate(self.train_set, batches[index], self.pad_id)
+        batch = data.collate(self.train_set, batches[index], self.pad_id)
+        return {key: value.to(self.device) for key, value in batch.items()}
 
     def backward(self, rank: int, model: nn.Module, scale: float = 1.0) -> float:
         """Rank ``rank``'s loss on its next batch, backpropagated into ``model`` (times ``scale``)."""
-        torch.set_rng_state(self.rng[rank])
+        self.set_rng_state(self.rng[rank])
         loss, _, _ = loss_and_tokens(model, self.next_batch(rank), self.cfg.optim.label_smoothing)
         (loss * scale).backward()  # type: ignore[no-untyped-call]
-        self.rng[rank] = torch.get_rng_state()
+        self.rng[rank] = self.rng_state()
         return float(loss.detach())
 
     @torch.no_grad()
     def val_nll(self, model: nn.Module) -> float:
         model.eval()
         nll = tokens = 0.0
-        for _, batch in data.iterate(self.val_set, self.val_batches, self.pad_id):
+        for _, cpu_batch in data.iterate(self.val_set, self.val_batches, self.pad_id):
+            batch = {key: value.to(self.device) for key, value in cpu_batch.items()}
             _, total, count = loss_and_tokens(model, batch, 0.0)
             nll, tokens = nll + float(total), tokens + float(count)
         model.train()
@@ -136,8 +150,8 @@ class Diagnosis:
 
     def __init__(self, model: nn.Module, workers: int, betas: tuple[float, float], eps: float) -> None:
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.m = [torch.zeros((workers, *p.shape)) for _, p in self.params]
-        self.v = [torch.zeros((workers, *p.shape)) for _, p in self.params]
+        self.m = [torch.zeros((workers, *p.shape), device=p.device) for _, p in self.params]
+        self.v = [torch.zeros((workers, *p.shape), device=p.device) for _, p in self.params]
         self.betas, self.eps, self.records = betas, eps, []  # type: ignore[var-annotated]
 
     def add(self, rank: int, grads: list[Tensor]) -> None:
@@ -195,8 +209,21 @@ def node_size(local_world_size: int, workers: int, node_sums: bool) -> int:
     return 1
 
 
+def load_class(path: str) -> type[DecentralizedAdam]:
+    """``module.Class`` (a probe's subclass of DecentralizedAdam), imported."""
+    module_name, _, name = path.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise SystemExit(f"--optimizer-class {path!r}: cannot import it ({error})") from None
+    if not (isinstance(found, type) and issubclass(found, DecentralizedAdam)):
+        raise SystemExit(f"--optimizer-class {path!r} is not a subclass of DecentralizedAdam")
+    return found
+
+
 def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
-    world = Workers(cfg, args.workers)
+    world = Workers(cfg, args.workers, args.device)
+    optimizer_class = load_class(args.optimizer_class)
     o = cfg.optim
     decentralized = o.optimizer == "decentralized"
     models = world.models if decentralized else world.models[:1]
@@ -208,7 +235,7 @@ def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
         model.train()
         if decentralized:
             optimizers.append(
-                DecentralizedAdam(
+                optimizer_class(
                     param_groups(model, o.weight_decay),
                     lr=o.lr,
                     betas=o.betas_decentralized,
@@ -315,6 +342,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--diagnose-every", type=int, default=50)
     parser.add_argument("--check-against", type=Path, help="a recipe run dir logged with train.log_every=1")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--device", default="cpu", help="where the simulated ranks compute (cpu, cuda)")
+    parser.add_argument(
+        "--optimizer-class",
+        default="decentadam.DecentralizedAdam",
+        help="the decentralized optimizer, module.Class (a probe's subclass of DecentralizedAdam)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     args = parser.parse_args(argv)
