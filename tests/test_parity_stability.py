@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.parity.stability import rules, threshold
+from benchmarks.parity.stability import filtered, rules, threshold
 
 
 def first_unstable_after(bound: float, found: float, step: float = 0.25) -> bool:
@@ -39,3 +39,22 @@ def test_lazy_mixing_widens_the_range_and_late_gradients_narrow_it() -> None:
     assert found["deviation, own momentum, lazy mixing alpha=0.25"] < found["All-Reduce (mean of the ranks)"]
     assert found["mean, gradient one step late (at the mixed weights)"] < 2
     assert found["mean, fresh gradient's share one step late"] < 4
+
+
+@pytest.mark.parametrize("beta1", [0.8, 0.9, 0.95])
+@pytest.mark.parametrize(("c1", "c2"), [(0.0, 0.0), (0.4, -0.5), (0.2, -0.4)])
+def test_the_deviation_filter_moves_the_threshold_to_its_closed_form(
+    beta1: float, c1: float, c2: float
+) -> None:
+    """deviation_filter on the complete graph: unstable from (1 + b + c1 - c2) / (1 - b)."""
+    found = threshold(filtered(beta1, c1, c2, (True,)), limit=200.0)
+    assert first_unstable_after((1 + beta1 + c1 - c2) / (1 - beta1), found)
+
+
+def test_mixing_every_other_step_narrows_the_range_and_the_filter_widens_it_again() -> None:
+    found = {name: threshold(rule) for name, rule in rules(0.9).items()}
+    full = found["deviation, own momentum, full mixing"]
+    aer = found["deviation, own momentum, mixed every other step (aer over 2 nodes)"]
+    assert aer < full
+    assert aer < found["deviation, own momentum, filter c1=0.4 c2=-0.5, mixed every other step"] < full
+    assert full < found["deviation, own momentum, filter c1=0.4 c2=-0.5, full mixing"]

@@ -17,6 +17,12 @@ Rules:
   (``point_shift``): what the deviation keeps at the point is its fresh gradient's share,
   ``e' = b e - (1 - b) a (e - b e_prev)``.
 - lazy mixing ``(1 - alpha) I + alpha W``: the deviation keeps ``1 - alpha`` of its position.
+- the group mixed every other step only (``aer`` over 2 nodes): on the resting step the deviation
+  keeps its position and adds the step, ``p' = p - e'``; the rule is the two steps' product.
+- ``deviation_filter``'s filter of the known deviations, ``phi = b phi + c1 k(t) + c2 k(t-1)``
+  added to the direction, with ``k(t)`` the deviation the mixing revealed (0 on a resting step):
+  on the complete graph ``e' = (b + c1 - (1 - b) a) e + c2 e_prev``, stable while
+  ``a < (1 + b + c1 - c2) / (1 - b)`` (and ``b + c1 + c2 < 1``, ``|c2| < 1``).
 - the mean with its next gradient taken one step late (at the mixed weights), or with only the
   fresh gradient's share of the step late.
 """
@@ -45,6 +51,27 @@ def threshold(rule: Rule, limit: float = 100.0, step: float = 0.25) -> float:
     return float("inf")
 
 
+def filtered(b: float, c1: float, c2: float, mixed: tuple[bool, ...]) -> Rule:
+    """A rank's deviation under ``deviation_filter``'s filter ``(c1, c2)`` (``(0, 0)``: none), its
+    group mixed on the steps where ``mixed`` is true (repeating): the product over one period.
+
+    State ``[p, e, phi, k_prev]``: the position deviation at the gradient point (in units of
+    ``lr P``), the momentum's deviation, the filter and the last revealed deviation."""
+
+    def rule(a: float) -> torch.Tensor:
+        product = torch.eye(4, dtype=torch.float64)
+        for mix in mixed:
+            p, e, phi, k_prev = torch.eye(4, dtype=torch.float64)
+            known = -p if mix else torch.zeros(4, dtype=torch.float64)  # k(t) = mix - x = -p
+            e_next = b * e + (1 - b) * a * p
+            phi_next = b * phi + c1 * known + c2 * k_prev
+            p_next = (0.0 if mix else 1.0) * p - (e_next + phi_next)
+            product = torch.stack([p_next, e_next, phi_next, known]) @ product
+        return product
+
+    return rule
+
+
 def rules(b: float) -> dict[str, Rule]:
     def t(rows: list[list[float]]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.float64)
@@ -60,6 +87,13 @@ def rules(b: float) -> dict[str, Rule]:
         # state [e(t), e(t-1)]: the gradient is taken at -(e(t) - b e(t-1)), its fresh share only
         "deviation, own momentum, point shifted by b1 x the last deviation": lambda a: t(
             [[b - (1 - b) * a, (1 - b) * a * b], [1.0, 0.0]]
+        ),
+        "deviation, own momentum, mixed every other step (aer over 2 nodes)": filtered(
+            b, 0, 0, (False, True)
+        ),
+        "deviation, own momentum, filter c1=0.4 c2=-0.5, full mixing": filtered(b, 0.4, -0.5, (True,)),
+        "deviation, own momentum, filter c1=0.4 c2=-0.5, mixed every other step": filtered(
+            b, 0.4, -0.5, (False, True)
         ),
         "deviation, own momentum, lazy mixing alpha=0.5": lazy(0.5),
         "deviation, own momentum, lazy mixing alpha=0.25": lazy(0.25),

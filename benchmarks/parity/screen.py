@@ -1,0 +1,172 @@
+"""Many simulated 4-rank runs of the translation recipe at once, on one GPU: a screen, and its table.
+
+Each run is :mod:`benchmarks.parity.workers` (4 simulated ranks in one process, 2 nodes x 2, the
+library's own update code), its output one JSON line per evaluation in ``OUT/NAME.log``. All runs
+of a screen start together (one process each, ``OMP_NUM_THREADS=1``); at ``--deadline`` seconds
+the unfinished ones are stopped, so the table shows how far each got. Then ``OUT/screen.md``: the
+validation NLL at every evaluation and its difference to All-Reduce's with the same language and
+seed. A screen picks candidates; a claim is then checked with the recipe (docs/parity.md)::
+
+    python -m benchmarks.parity.screen --screen lr-and-filter --data MULTI30K --device cuda \\
+        --steps 1200 --deadline 430 --out runs/screen
+
+``--table-only`` rebuilds the table from the logs in ``OUT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+NODES = ["optim.intra_node=all_reduce", "optim.second_moment=group_gradient"]
+LRS = ("1e-3", "2e-3", "4e-3")
+FILTER = ["--optimizer-class", "benchmarks.parity.deviation_filter.DeviationFilterAdam"]
+
+
+def run(lang: str, optimizer: str, *extra: str, filter: str = "") -> tuple[str, list[str], dict[str, str]]:
+    """(language, arguments of benchmarks.parity.workers, environment) of one run."""
+    args = ["--preset", f"multi30k-en-{lang}", "--optimizer", optimizer]
+    if optimizer == "decentralized":
+        args += [*(FILTER if filter else []), *NODES]
+    env = {"DECENTADAM_FILTER": filter} if filter else {}
+    return lang, [*args, *extra], env
+
+
+SCREENS: dict[str, dict[str, tuple[str, list[str], dict[str, str]]]] = {
+    # the lr grid of both methods, the nodes' graph, and the deviation filter's coefficients
+    "lr-and-filter": {
+        **{f"de-ar-{lr}": run("de", "allreduce", f"optim.lr={lr}") for lr in ("1e-3", "2e-3", "4e-3")},
+        **{
+            f"de-node-aer-{lr}": run("de", "decentralized", f"optim.lr={lr}")
+            for lr in ("1e-3", "2e-3", "4e-3")
+        },
+        "de-node-complete-2e-3": run("de", "decentralized", "optim.topology=complete"),
+        **{
+            f"de-filt-complete-{c}": run("de", "decentralized", "optim.topology=complete", filter=c)
+            for c in ("0.2,-0.4", "0.4,-0.5", "0.6,-0.7", "0.8,-0.8")
+        },
+        **{f"de-filt-aer-{c}": run("de", "decentralized", filter=c) for c in ("0.4,-0.5", "0.8,-0.8")},
+        "fr-ar-2e-3": run("fr", "allreduce"),
+        "fr-node-aer-2e-3": run("fr", "decentralized"),
+        "fr-filt-complete-0.4,-0.5": run("fr", "decentralized", "optim.topology=complete", filter="0.4,-0.5"),
+    },
+    # a second seed for the filter on aer, two more coefficient pairs, En-Fr's complete graph
+    "seeds": {
+        "de-ar-s2": run("de", "allreduce", "train.seed=2"),
+        "de-node-aer-s2": run("de", "decentralized", "train.seed=2"),
+        "de-filt-aer-0.4,-0.5-s2": run("de", "decentralized", "train.seed=2", filter="0.4,-0.5"),
+        "de-filt-aer-0.5,-0.6-s2": run("de", "decentralized", "train.seed=2", filter="0.5,-0.6"),
+        "de-filt-aer-0.5,-0.6": run("de", "decentralized", filter="0.5,-0.6"),
+        "de-filt-aer-0.3,-0.4": run("de", "decentralized", filter="0.3,-0.4"),
+        "fr-node-complete": run("fr", "decentralized", "optim.topology=complete"),
+        "fr-filt-aer-0.4,-0.5": run("fr", "decentralized", filter="0.4,-0.5"),
+    },
+}
+
+
+def read_curve(log: Path) -> dict[int, float]:
+    """Step -> validation NLL from a run's log (the JSON lines benchmarks.parity.workers prints)."""
+    curve = {}
+    for line in log.read_text().splitlines():
+        if line.startswith('{"step"'):
+            point = json.loads(line)
+            curve[point["step"]] = point["valid_nll"]
+    return curve
+
+
+def reference_of(name: str, names: list[str]) -> str | None:
+    """All-Reduce at lr 2e-3 with the same language and seed, if the logs have it."""
+    lang, seed = name.split("-")[0], "-s2" if name.endswith("-s2") else ""
+    for candidate in (f"{lang}-ar-2e-3{seed}", f"{lang}-ar{seed}"):
+        if candidate in names:
+            return candidate
+    return None
+
+
+def table(out: Path, references: list[Path] | None = None) -> str:
+    """Markdown of the runs in ``out``; All-Reduce's curves may also come from ``references``."""
+    curves = {log.stem: read_curve(log) for log in sorted(out.glob("*.log"))}
+    curves = {name: curve for name, curve in curves.items() if curve}
+    known = dict(curves)
+    for directory in references or []:
+        known.update({log.stem: read_curve(log) for log in sorted(directory.glob("*-ar-*.log"))})
+    steps = sorted({s for curve in curves.values() for s in curve})
+    lines = [
+        "| run | " + " | ".join(f"{s}" for s in steps) + " |",
+        "|---|" + "---:|" * len(steps),
+    ]
+    for name, curve in curves.items():
+        reference = reference_of(name, list(known))
+        cells = []
+        for s in steps:
+            if s not in curve:
+                cells.append("")
+                continue
+            cell = f"{curve[s]:.3f}"
+            if reference and reference != name and s in known[reference]:
+                cell += f" ({curve[s] - known[reference][s]:+.3f})"
+            cells.append(cell)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--screen", choices=sorted(SCREENS), required=True)
+    parser.add_argument("--data", required=True, help="the Multi30k directory")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--deadline", type=float, default=430.0, help="seconds before unfinished runs stop")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--table-only", action="store_true")
+    parser.add_argument("--only", nargs="*", default=[], help="run only these of the screen's runs")
+    parser.add_argument(
+        "--references", type=Path, nargs="*", default=[], help="other screens' OUT (All-Reduce)"
+    )
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="to every run (e.g. data.cache_dir=...)"
+    )
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.only) - set(SCREENS[args.screen]))
+    if unknown:
+        parser.error(
+            f"--only: {', '.join(unknown)} not in screen {args.screen!r}: {', '.join(SCREENS[args.screen])}"
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.table_only:
+        processes = []
+        for name, (_, run_args, env) in SCREENS[args.screen].items():
+            if args.only and name not in args.only:
+                continue
+            command = [
+                sys.executable, "-m", "benchmarks.parity.workers", "--data", args.data, "--workers", "4",
+                "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--device", args.device,
+                "--out", str(args.out / f"{name}.json"), *run_args, *args.overrides,
+            ]  # fmt: skip
+            log = (args.out / f"{name}.log").open("w")
+            environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
+            processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment))
+        begin = time.monotonic()
+        while time.monotonic() - begin < args.deadline and any(p.poll() is None for p in processes):
+            time.sleep(5)
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            process.wait()
+        print(f"{time.monotonic() - begin:.0f} s", flush=True)
+    markdown = table(args.out, args.references)
+    (args.out / "screen.md").write_text(markdown)
+    print(markdown)
+
+
+if __name__ == "__main__":
+    main()

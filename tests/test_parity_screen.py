@@ -1,0 +1,36 @@
+"""benchmarks.parity.screen: its table reads the runs' logs and compares each with All-Reduce's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.parity.screen import SCREENS, main, table
+
+
+def write_log(path: Path, curve: dict[int, float]) -> None:
+    lines = ["some warning"] + [
+        json.dumps({"step": s, "valid_nll": v, "seconds": 1.0}) for s, v in curve.items()
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_the_table_compares_each_run_with_all_reduce_of_its_language_and_seed(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    write_log(other / "de-ar-2e-3.log", {100: 5.0, 200: 4.0})
+    write_log(tmp_path / "de-node-aer-2e-3.log", {100: 5.25, 200: 4.5})  # stopped early: no 300
+    write_log(tmp_path / "de-ar-s2.log", {100: 6.0, 200: 3.0})
+    write_log(tmp_path / "de-node-aer-s2.log", {100: 6.5, 200: 3.125})
+    markdown = table(tmp_path, [other])
+    assert "| de-node-aer-2e-3 | 5.250 (+0.250) | 4.500 (+0.500) |" in markdown
+    assert "| de-node-aer-s2 | 6.500 (+0.500) | 3.125 (+0.125) |" in markdown
+    assert "| de-ar-s2 | 6.000 | 3.000 |" in markdown
+
+
+def test_only_names_runs_of_the_screen(tmp_path: Path) -> None:
+    assert "de-filt-aer-0.4,-0.5" in SCREENS["lr-and-filter"]
+    with pytest.raises(SystemExit):
+        main(["--screen", "seeds", "--data", "x", "--out", str(tmp_path), "--only", "no-such-run"])
