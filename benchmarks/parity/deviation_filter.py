@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 import decentadam
+from benchmarks.parity.recipe import run_recipe
 from decentadam.buckets import Bucket
 from decentadam.optim.accum_adamw import step_group
 
@@ -105,12 +106,7 @@ class DeviationFilterAdam(decentadam.DecentralizedAdam):
 
 
 def main() -> None:
-    from recipes.common import cli
-    from recipes.common.config import ConfigError
-    from recipes.translation import data, train
-
-    decentadam.DecentralizedAdam = DeviationFilterAdam  # type: ignore[misc]  # what build_optimizer builds
-    cli.exit_on_bad_input(train.main, (ConfigError, data.DataError))
+    run_recipe(DeviationFilterAdam)
 
 
 if __name__ == "__main__":

@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-import decentadam
 from benchmarks.parity import moments
 from benchmarks.parity.predicted_point import PredictedPointAdam
+from benchmarks.parity.recipe import run_recipe
 from decentadam.buckets import Bucket
 from decentadam.collectives import Handle
 
@@ -97,12 +97,7 @@ class GossipVAdam(PredictedPointAdam):
 
 
 def main() -> None:
-    from recipes.common import cli
-    from recipes.common.config import ConfigError
-    from recipes.translation import data, train
-
-    decentadam.DecentralizedAdam = GossipVAdam  # type: ignore[misc]  # what build_optimizer builds
-    cli.exit_on_bad_input(train.main, (ConfigError, data.DataError))
+    run_recipe(GossipVAdam)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import sys
 
+from benchmarks.parity.recipe import run_recipe
+
 
 def main() -> None:
     every = os.environ.get("DECENTADAM_V_EVERY", "2")
@@ -26,11 +28,7 @@ def main() -> None:
 
         lazy_mixing.main()
         return
-    from recipes.common import cli
-    from recipes.common.config import ConfigError
-    from recipes.translation import data, train
-
-    cli.exit_on_bad_input(train.main, (ConfigError, data.DataError))
+    run_recipe()
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 import decentadam
+from benchmarks.parity.recipe import run_recipe
 
 __all__ = ["LagDecentralizedAdam", "lag_update"]
 
@@ -72,12 +73,7 @@ class LagDecentralizedAdam(decentadam.DecentralizedAdam):
 
 
 def main() -> None:
-    from recipes.common import cli
-    from recipes.common.config import ConfigError
-    from recipes.translation import data, train
-
-    decentadam.DecentralizedAdam = LagDecentralizedAdam  # type: ignore[misc]  # what build_optimizer builds
-    cli.exit_on_bad_input(train.main, (ConfigError, data.DataError))
+    run_recipe(LagDecentralizedAdam)
 
 
 if __name__ == "__main__":

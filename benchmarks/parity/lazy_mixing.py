@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 import decentadam
+from benchmarks.parity.recipe import run_recipe
 from decentadam.buckets import Bucket
 
 __all__ = ["LazyMixingAdam"]
@@ -46,12 +47,7 @@ class LazyMixingAdam(decentadam.DecentralizedAdam):
 
 
 def main() -> None:
-    from recipes.common import cli
-    from recipes.common.config import ConfigError
-    from recipes.translation import data, train
-
-    decentadam.DecentralizedAdam = LazyMixingAdam  # type: ignore[misc]  # what build_optimizer builds
-    cli.exit_on_bad_input(train.main, (ConfigError, data.DataError))
+    run_recipe(LazyMixingAdam)
 
 
 if __name__ == "__main__":

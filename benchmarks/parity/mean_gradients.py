@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
+from benchmarks.parity.recipe import run_recipe
 from decentadam import DecentralizedAdam
 
 __all__ = ["install"]
@@ -42,12 +43,8 @@ def install() -> RemovableHandle:
 
 
 def main() -> None:
-    from recipes.common import cli
-    from recipes.common.config import ConfigError
-    from recipes.translation import data, train
-
     install()
-    cli.exit_on_bad_input(train.main, (ConfigError, data.DataError))
+    run_recipe()
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 import decentadam
+from benchmarks.parity.recipe import run_recipe
 from decentadam.buckets import Bucket
 
 __all__ = ["PointShiftAdam"]
@@ -76,12 +77,7 @@ class PointShiftAdam(decentadam.DecentralizedAdam):
 
 
 def main() -> None:
-    from recipes.common import cli
-    from recipes.common.config import ConfigError
-    from recipes.translation import data, train
-
-    decentadam.DecentralizedAdam = PointShiftAdam  # type: ignore[misc]  # what build_optimizer builds
-    cli.exit_on_bad_input(train.main, (ConfigError, data.DataError))
+    run_recipe(PointShiftAdam)
 
 
 if __name__ == "__main__":

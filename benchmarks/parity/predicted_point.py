@@ -33,6 +33,7 @@ from torch import Tensor
 
 import decentadam
 from benchmarks.parity import moments
+from benchmarks.parity.recipe import run_recipe
 from decentadam.buckets import Bucket
 
 __all__ = ["PredictedPointAdam", "predicted_update"]
@@ -77,12 +78,7 @@ class PredictedPointAdam(decentadam.DecentralizedAdam):
 
 
 def main() -> None:
-    from recipes.common import cli
-    from recipes.common.config import ConfigError
-    from recipes.translation import data, train
-
-    decentadam.DecentralizedAdam = PredictedPointAdam  # type: ignore[misc]  # what build_optimizer builds
-    cli.exit_on_bad_input(train.main, (ConfigError, data.DataError))
+    run_recipe(PredictedPointAdam)
 
 
 if __name__ == "__main__":

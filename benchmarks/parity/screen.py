@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.parity.workers_table import nll_cell
+
 NODES = ["optim.intra_node=all_reduce", "optim.second_moment=group_gradient"]
 LRS = ("1e-3", "2e-3", "4e-3")
 FILTER = ["--optimizer-class", "benchmarks.parity.deviation_filter.DeviationFilterAdam"]
@@ -107,10 +109,8 @@ def table(out: Path, references: list[Path] | None = None) -> str:
             if s not in curve:
                 cells.append("")
                 continue
-            cell = f"{curve[s]:.3f}"
-            if reference and reference != name and s in known[reference]:
-                cell += f" ({curve[s] - known[reference][s]:+.3f})"
-            cells.append(cell)
+            compared = known[reference].get(s) if reference is not None and reference != name else None
+            cells.append(nll_cell(curve[s], compared))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

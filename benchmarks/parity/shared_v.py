@@ -22,6 +22,7 @@ from torch import Tensor
 
 import decentadam
 from benchmarks.parity import moments
+from benchmarks.parity.recipe import run_recipe
 
 __all__ = ["SharedVAdam", "shared_v_update"]
 
@@ -61,12 +62,7 @@ class SharedVAdam(decentadam.DecentralizedAdam):
 
 
 def main() -> None:
-    from recipes.common import cli
-    from recipes.common.config import ConfigError
-    from recipes.translation import data, train
-
-    decentadam.DecentralizedAdam = SharedVAdam  # type: ignore[misc]  # what build_optimizer builds
-    cli.exit_on_bad_input(train.main, (ConfigError, data.DataError))
+    run_recipe(SharedVAdam)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,11 @@ def run_name(method: str, n: int) -> str:
     return f"{optimizer}{'-' + suffix if suffix else ''}-n{n}.json"
 
 
+def nll_cell(value: float, reference: float | None) -> str:
+    """``value`` to 3 decimals, and its difference to ``reference`` in brackets where there is one."""
+    return f"{value:.3f}" + (f" ({value - reference:+.3f})" if reference is not None else "")
+
+
 def render(results: dict[str, dict[int, dict[str, Any]]], command: str) -> str:
     """Markdown: one row per worker count and method, valid NLL (difference to All-Reduce's)."""
     any_run = next(run for by_n in results.values() for run in by_n.values())
@@ -68,10 +73,8 @@ def render(results: dict[str, dict[int, dict[str, Any]]], command: str) -> str:
                 continue
             cells = []
             for point in run["curve"]:
-                cell = f"{point['valid_nll']:.3f}"
-                if method != "All-Reduce" and point["step"] in ref_nll:
-                    cell += f" ({point['valid_nll'] - ref_nll[point['step']]:+.3f})"
-                cells.append(cell)
+                reference_nll = ref_nll.get(point["step"]) if method != "All-Reduce" else None
+                cells.append(nll_cell(point["valid_nll"], reference_nll))
             lines.append(f"| {n} | {run['tokens_per_worker']} | {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -1,0 +1,21 @@
+"""The translation recipe's command line with a probe's optimizer in place of DecentralizedAdam.
+
+Each probe of this package that changes the optimizer runs the recipe through
+:func:`run_recipe`, so that it trains, evaluates and saves exactly as ``recipes.translation.train``
+does, with the probe's subclass wherever the recipe builds ``decentadam.DecentralizedAdam``.
+"""
+
+from __future__ import annotations
+
+import decentadam
+
+
+def run_recipe(optimizer_class: type[decentadam.DecentralizedAdam] | None = None) -> None:
+    """``recipes.translation.train``'s ``main``, bad input reported as the recipe reports it."""
+    from recipes.common import cli
+    from recipes.common.config import ConfigError
+    from recipes.translation import data, train
+
+    if optimizer_class is not None:
+        decentadam.DecentralizedAdam = optimizer_class  # type: ignore[misc]  # what build_optimizer builds
+    cli.exit_on_bad_input(train.main, (ConfigError, data.DataError))
