@@ -61,7 +61,7 @@ def run(
 @pytest.mark.parametrize("topology", ["complete", "aer"])
 def test_without_a_filter_it_is_decentralized_adam(topology: str) -> None:
     plain, _, _ = run(DecentralizedAdam, topology)
-    probe, _, _ = run(DeviationFilterAdam, topology, filter=(0.0, 0.0))
+    probe, _, _ = run(DeviationFilterAdam, topology, coefficients=(0.0, 0.0))
     for a, b in zip(plain, probe, strict=True):
         for x, y in zip(a, b, strict=True):
             torch.testing.assert_close(x, y, rtol=0, atol=0)
@@ -69,7 +69,7 @@ def test_without_a_filter_it_is_decentralized_adam(topology: str) -> None:
 
 def test_the_filter_follows_its_recurrence_and_sums_to_zero_on_the_complete_graph() -> None:
     c1, c2 = 0.4, -0.5
-    weights, optimizers, models = run(DeviationFilterAdam, "complete", filter=(c1, c2))
+    weights, optimizers, models = run(DeviationFilterAdam, "complete", coefficients=(c1, c2))
     plain, _, _ = run(DecentralizedAdam, "complete")
     assert not torch.equal(weights[-1][0], plain[-1][0])  # the filter changed the run
     phi = [torch.zeros_like(weights[0][0]) for _ in range(RANKS)]

@@ -16,10 +16,11 @@ This probe adds a second-order filter of the known deviations to every rank's st
 so the deviation follows ``e(t) = (b1 + c1 - (1 - b1) a) e(t-1) + c2 e(t-2) + noise``. With
 ``c1 > 0 > c2`` the recurrence is stable to a larger ``a`` (``(1 + b1 + c1 - c2) / (1 - b1)`` on the
 complete graph while ``b1 + c1 + c2 < 1``), at the price of more deviation in the flattest
-directions: ``python -m benchmarks.parity.stability`` has the rule. The group's ``k`` sum to zero,
-so do the ``phi`` and the mean's step is All-Reduce's: no bytes, the overlap unchanged, two
-parameter-sized buffers per rank. ``c1, c2`` come from ``DECENTADAM_FILTER`` (``"c1,c2"``, default
-``0.4,-0.5``). Run it like the recipe::
+directions: ``python -m benchmarks.parity.stability`` has the rule. The ``k`` of a group that
+averages sum to zero, so do the ``phi`` and the mean's step is the unfiltered one: no bytes, the
+overlap unchanged, two parameter-sized buffers per rank held between steps (``phi`` and the last
+``k``) and one allocated per step (the new ``k``). ``c1, c2`` come from ``DECENTADAM_FILTER``
+(``"c1,c2"``, default ``0.4,-0.5``). Run it like the recipe::
 
     accelerate launch --multi_gpu --num_processes 4 -m benchmarks.parity.deviation_filter \\
         --preset multi30k-en-de --optimizer decentralized optim.intra_node=all_reduce \\
@@ -40,6 +41,7 @@ from torch import Tensor
 import decentadam
 from benchmarks.parity.recipe import run_recipe
 from decentadam.buckets import Bucket
+from decentadam.decentralized import LocalUpdate
 from decentadam.optim.accum_adamw import step_group
 
 __all__ = ["DeviationFilterAdam", "filter_coefficients"]
@@ -58,12 +60,13 @@ def filter_coefficients(text: str | None = None) -> tuple[float, float]:
 class DeviationFilterAdam(decentadam.DecentralizedAdam):
     """``DecentralizedAdam`` whose step adds ``phi``, a filter of the rank's known deviations."""
 
-    def __init__(self, *args: Any, filter: tuple[float, float] | None = None, **kwargs: Any) -> None:
-        self.c1, self.c2 = filter if filter is not None else filter_coefficients()
+    def __init__(self, *args: Any, coefficients: tuple[float, float] | None = None, **kwargs: Any) -> None:
+        self.c1, self.c2 = coefficients if coefficients is not None else filter_coefficients()
         self._known: dict[Tensor, Tensor] = {}  # k(t), per parameter, within a step
         self._previous: dict[Tensor, Tensor] = {}  # k(t-1)
         self._phi: dict[Tensor, Tensor] = {}
         self._last_lr: dict[int, float] = {}  # lr(t-1) per param group
+        self._update: LocalUpdate = kwargs.get("local_update") or step_group  # then the filter
         kwargs["local_update"] = self._update_and_filter
         super().__init__(*args, **kwargs)
 
@@ -81,7 +84,7 @@ class DeviationFilterAdam(decentadam.DecentralizedAdam):
     def _update_and_filter(
         self, state: dict[Tensor, dict[str, Any]], group: dict[str, Any], params: list[Tensor]
     ) -> None:
-        step_group(state, group, params)
+        self._update(state, group, params)
         lr, beta1 = float(group["lr"]), float(group["betas"][0])
         last = self._last_lr.get(id(group))
         for param in params:

@@ -30,43 +30,43 @@ LRS = ("1e-3", "2e-3", "4e-3")
 FILTER = ["--optimizer-class", "benchmarks.parity.deviation_filter.DeviationFilterAdam"]
 
 
-def run(lang: str, optimizer: str, *extra: str, filter: str = "") -> tuple[str, list[str], dict[str, str]]:
-    """(language, arguments of benchmarks.parity.workers, environment) of one run."""
+def run(lang: str, optimizer: str, *extra: str, coefficients: str = "") -> tuple[list[str], dict[str, str]]:
+    """(arguments of benchmarks.parity.workers, environment) of one run; ``coefficients`` ("c1,c2")
+    puts the deviation filter in."""
     args = ["--preset", f"multi30k-en-{lang}", "--optimizer", optimizer]
     if optimizer == "decentralized":
-        args += [*(FILTER if filter else []), *NODES]
-    env = {"DECENTADAM_FILTER": filter} if filter else {}
-    return lang, [*args, *extra], env
+        args += [*(FILTER if coefficients else []), *NODES]
+    env = {"DECENTADAM_FILTER": coefficients} if coefficients else {}
+    return [*args, *extra], env
 
 
-SCREENS: dict[str, dict[str, tuple[str, list[str], dict[str, str]]]] = {
+SCREENS: dict[str, dict[str, tuple[list[str], dict[str, str]]]] = {
     # the lr grid of both methods, the nodes' graph, and the deviation filter's coefficients
     "lr-and-filter": {
-        **{f"de-ar-{lr}": run("de", "allreduce", f"optim.lr={lr}") for lr in ("1e-3", "2e-3", "4e-3")},
-        **{
-            f"de-node-aer-{lr}": run("de", "decentralized", f"optim.lr={lr}")
-            for lr in ("1e-3", "2e-3", "4e-3")
-        },
+        **{f"de-ar-{lr}": run("de", "allreduce", f"optim.lr={lr}") for lr in LRS},
+        **{f"de-node-aer-{lr}": run("de", "decentralized", f"optim.lr={lr}") for lr in LRS},
         "de-node-complete-2e-3": run("de", "decentralized", "optim.topology=complete"),
         **{
-            f"de-filt-complete-{c}": run("de", "decentralized", "optim.topology=complete", filter=c)
+            f"de-filt-complete-{c}": run("de", "decentralized", "optim.topology=complete", coefficients=c)
             for c in ("0.2,-0.4", "0.4,-0.5", "0.6,-0.7", "0.8,-0.8")
         },
-        **{f"de-filt-aer-{c}": run("de", "decentralized", filter=c) for c in ("0.4,-0.5", "0.8,-0.8")},
+        **{f"de-filt-aer-{c}": run("de", "decentralized", coefficients=c) for c in ("0.4,-0.5", "0.8,-0.8")},
         "fr-ar-2e-3": run("fr", "allreduce"),
         "fr-node-aer-2e-3": run("fr", "decentralized"),
-        "fr-filt-complete-0.4,-0.5": run("fr", "decentralized", "optim.topology=complete", filter="0.4,-0.5"),
+        "fr-filt-complete-0.4,-0.5": run(
+            "fr", "decentralized", "optim.topology=complete", coefficients="0.4,-0.5"
+        ),
     },
     # a second seed for the filter on aer, two more coefficient pairs, En-Fr's complete graph
     "seeds": {
         "de-ar-s2": run("de", "allreduce", "train.seed=2"),
         "de-node-aer-s2": run("de", "decentralized", "train.seed=2"),
-        "de-filt-aer-0.4,-0.5-s2": run("de", "decentralized", "train.seed=2", filter="0.4,-0.5"),
-        "de-filt-aer-0.5,-0.6-s2": run("de", "decentralized", "train.seed=2", filter="0.5,-0.6"),
-        "de-filt-aer-0.5,-0.6": run("de", "decentralized", filter="0.5,-0.6"),
-        "de-filt-aer-0.3,-0.4": run("de", "decentralized", filter="0.3,-0.4"),
+        "de-filt-aer-0.4,-0.5-s2": run("de", "decentralized", "train.seed=2", coefficients="0.4,-0.5"),
+        "de-filt-aer-0.5,-0.6-s2": run("de", "decentralized", "train.seed=2", coefficients="0.5,-0.6"),
+        "de-filt-aer-0.5,-0.6": run("de", "decentralized", coefficients="0.5,-0.6"),
+        "de-filt-aer-0.3,-0.4": run("de", "decentralized", coefficients="0.3,-0.4"),
         "fr-node-complete": run("fr", "decentralized", "optim.topology=complete"),
-        "fr-filt-aer-0.4,-0.5": run("fr", "decentralized", filter="0.4,-0.5"),
+        "fr-filt-aer-0.4,-0.5": run("fr", "decentralized", coefficients="0.4,-0.5"),
     },
 }
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.table_only:
         processes = []
-        for name, (_, run_args, env) in SCREENS[args.screen].items():
+        for name, (run_args, env) in SCREENS[args.screen].items():
             if args.only and name not in args.only:
                 continue
             command = [
