@@ -123,6 +123,7 @@ def test_bad_arguments_name_the_problem() -> None:
 # ---------------------------------------------------------------------------- 4 processes
 
 DIM, SAMPLES, STEPS, LR = 12, 512, 300, 0.05
+MIN_AVERAGINGS = 60  # a fifth of STEPS
 
 
 def regression_data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,10 +163,16 @@ def convergence_worker(rank: int, world_size: int, continuized: bool) -> dict[st
         timeout=30,
     )
     assert threads_of_a2cid2()
-    for _ in range(STEPS):
+    # At least STEPS steps, more (up to 3x) while this rank has averaged fewer than MIN_AVERAGINGS
+    # times: the pairing threads' pace depends on the CPU the test gets (on cores shared with a
+    # training run it fell to 42 averagings in 300 steps), and what is tested is the convergence
+    # and the shutdown, not that pace.
+    steps = 0
+    while steps < STEPS or (optimizer.averagings < MIN_AVERAGINGS and steps < 3 * STEPS):
         optimizer.zero_grad()
         (0.5 * (inputs @ weight - targets).square().mean()).backward()
         optimizer.step()
+        steps += 1
         time.sleep(0.002)  # a step of a few ms: pairing (a few store round trips) keeps up
     distance = optimizer.consensus_distance(relative=True)
     averagings = optimizer.averagings
@@ -193,7 +200,7 @@ def test_four_processes_converge_to_the_allreduce_solution_and_leave_with_one_mo
     reference = allreduce_sgd()
     start_error = float(reference.norm())  # every rank starts from rank 0's zeros
     for result in results:
-        assert result["averagings"] > 0.2 * STEPS, result["averagings"]  # rate 1: up to one per step
+        assert result["averagings"] >= MIN_AVERAGINGS, result["averagings"]  # rate 1: up to one per step
         assert result["distance"] < 1e-2
         # close(): the exact average, the same on every rank, threads ended, nothing left open
         torch.testing.assert_close(result["weight"], results[0]["weight"], rtol=0, atol=0)
