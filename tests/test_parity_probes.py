@@ -275,3 +275,60 @@ def test_point_shift_moves_the_gradient_point_by_beta1_times_the_last_deviation(
             torch.testing.assert_close(shift, expected, rtol=1e-12, atol=1e-15)
         total = (shifted[0]["points"][step] + shifted[1]["points"][step]) / 2
         torch.testing.assert_close(total, (shifted[0]["sent"][step] + shifted[1]["sent"][step]) / 2)
+
+
+def node_exact_v_worker(rank: int, world_size: int, every: int) -> dict[str, Any]:
+    import os
+
+    from benchmarks.parity.node_exact_v import NodeExactVAdam
+
+    os.environ["DECENTADAM_EXACT_V_EVERY"] = str(every)
+    model = make_model()
+    optimizer = NodeExactVAdam(
+        model.parameters(),
+        lr=LR,
+        betas=BETAS,
+        eps=EPS,
+        topology="complete",
+        intra_node="all_reduce",
+        second_moment="group_gradient",
+        local_world_size=2,
+    )
+    node_means, group_sqs = [], []
+    for step in range(3):
+        generator = torch.Generator().manual_seed(100 * rank + step)
+        optimizer.zero_grad()
+        loss_of(model, torch.randn(8, 4, generator=generator, dtype=torch.float64)).backward()
+        optimizer.step()  # leaves the node's mean gradient in .grad
+        node_means.append([p.grad.clone() for p in model.parameters()])
+        group_sqs.append([optimizer.state[p]["group_sq"].clone() for p in model.parameters()])
+    optimizer.close()
+    return {"node_means": node_means, "group_sqs": group_sqs}
+
+
+def exact_sample(results: list[dict[str, Any]], step: int, index: int) -> torch.Tensor:
+    """The all-rank mean of the nodes' bfloat16-rounded mean gradients, squared."""
+    rounded = [r["node_means"][step][index].to(torch.bfloat16).float() for r in results]
+    return (sum(rounded) / len(rounded)).double().square()
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_node_exact_v_folds_in_the_all_rank_mean_gradient_every_k_steps(every: int) -> None:
+    """k = 1: the nodes' A is All-Reduce's V of the bf16-rounded mean gradient; k = 2: the first
+    step keeps the node's own estimate z, the second replaces its z by the exact sample."""
+    results = run_distributed(node_exact_v_worker, 4, every)
+    beta2 = BETAS[1]
+    for index in range(len(results[0]["node_means"][0])):
+        torch.testing.assert_close(  # the nodes are replicas: ranks 0, 1 and ranks 2, 3
+            results[0]["node_means"][0][index], results[1]["node_means"][0][index], rtol=0, atol=0
+        )
+        for rank, result in enumerate(results):
+            expected = torch.zeros_like(results[0]["group_sqs"][0][index])
+            for step in range(3):
+                if (step + 1) % every:  # not an exact step: the library's fold of the node's own z
+                    expected = result["group_sqs"][step][index]
+                    other_node = results[2 if rank < 2 else 0]["group_sqs"][step][index]
+                    assert not torch.allclose(expected, other_node)  # each node its own estimate
+                    continue
+                expected = beta2 * expected + (1 - beta2) * exact_sample(results, step, index)
+                torch.testing.assert_close(result["group_sqs"][step][index], expected, rtol=1e-6, atol=1e-14)
