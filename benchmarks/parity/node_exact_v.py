@@ -19,6 +19,7 @@ Run it like the recipe::
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -46,18 +47,21 @@ def exact_every() -> int:
 
 
 @torch.no_grad()
-def exact_v_update(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], params: list[Tensor]) -> None:
+def exact_v_update(
+    state: dict[Tensor, dict[str, Any]], group: dict[str, Any], params: list[Tensor], every: int = 2
+) -> None:
     """Every k-th step, refold ``A`` with the all-rank mean gradient's square, then the library's step.
 
     ``A`` (``group_sq``) already holds this step's ``beta2 * A + (1 - beta2) * z`` when this runs;
-    ``exact_prev`` keeps ``A`` as the last step left it, so the exact sample replaces ``z`` exactly.
+    ``exact_prev``, kept at the end of the step before each exact one, is ``A`` as that step left
+    it, so the exact sample replaces ``z`` exactly (one buffer per parameter, copied every k steps).
     """
     if not params:
         return
     first = state[params[0]]
     t = int(first["step"].item()) + 1 if "step" in first else 1
     beta2 = group["betas"][1]
-    if t % exact_every() == 0 and dist.is_initialized() and dist.get_world_size() > 1:
+    if t % every == 0 and dist.is_initialized() and dist.get_world_size() > 1:
         grads = [p.grad.reshape(-1) for p in params if p.grad is not None]  # all of them (the bucket's)
         mean = torch.cat(grads).to(torch.bfloat16).float()
         dist.all_reduce(mean)
@@ -66,25 +70,29 @@ def exact_v_update(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], p
         for p in params:
             st = state[p]
             g = mean[offset : offset + p.numel()].view_as(p).to(p.dtype)
-            previous = st.get("exact_prev")
-            st["group_sq"].copy_(previous if previous is not None else torch.zeros_like(p))
+            previous = st.get("exact_prev")  # none only before the first step (k = 1)
+            if previous is None:
+                st["group_sq"].zero_()
+            else:
+                st["group_sq"].copy_(previous)
             st["group_sq"].mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
             offset += p.numel()
     step_group(state, group, params)
-    for p in params:
-        st = state[p]
-        if "exact_prev" not in st:
-            st["exact_prev"] = torch.empty_like(p)
-        st["exact_prev"].copy_(st["group_sq"])
+    if (t + 1) % every == 0:  # the next step is exact: keep A as this step leaves it
+        for p in params:
+            st = state[p]
+            if "exact_prev" not in st:
+                st["exact_prev"] = torch.empty_like(p)
+            st["exact_prev"].copy_(st["group_sq"])
 
 
 class NodeExactVAdam(decentadam.DecentralizedAdam):
     """``DecentralizedAdam`` whose ``group_gradient`` steps fold in the exact sample every k steps."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        exact_every()  # bad input fails before training starts
+        every = exact_every()  # read once; bad input fails before training starts
         if kwargs.get("second_moment") == "group_gradient":
-            kwargs.setdefault("local_update", exact_v_update)
+            kwargs.setdefault("local_update", functools.partial(exact_v_update, every=every))
         super().__init__(*args, **kwargs)
 
 
