@@ -30,6 +30,25 @@ def test_the_table_compares_each_run_with_all_reduce_of_its_language_and_seed(tm
     assert "| de-ar-s2 | 6.000 | 3.000 |" in markdown
 
 
+def test_seeds_beyond_two_and_bleu_have_their_own_all_reduce(tmp_path: Path) -> None:
+    write_log(tmp_path / "de-ar-s1.log", {100: 5.0})
+    write_log(tmp_path / "de-ar-s3.log", {100: 6.0})
+    write_log(tmp_path / "de-node-aer-s3.log", {100: 6.5})
+    write_log(tmp_path / "de-node-aer-s1.log", {100: 5.125})
+    write_log(tmp_path / "de-node-complete-s12.log", {100: 7.0})  # no All-Reduce of seed 12
+    with (tmp_path / "de-ar-s3.log").open("a") as log:
+        log.write(json.dumps({"bleu": 30.5, "chrf": 55.0}) + "\n")
+    with (tmp_path / "de-node-aer-s3.log").open("a") as log:
+        log.write(json.dumps({"bleu": 29.75, "chrf": 54.0}) + "\n")
+    markdown = table(tmp_path)
+    assert "| run | 100 | BLEU |" in markdown
+    assert "| de-node-aer-s3 | 6.500 (+0.500) | 29.75 (-0.75) |" in markdown
+    assert "| de-node-aer-s1 | 5.125 (+0.125) |  |" in markdown
+    assert "| de-ar-s3 | 6.000 | 30.50 |" in markdown
+    assert "| de-node-complete-s12 | 7.000 |  |" in markdown
+    assert all(name.endswith(("-s1", "-s2", "-s3", "-s4")) for name in SCREENS["seeds-1200"])
+
+
 def test_only_names_runs_of_the_screen(tmp_path: Path) -> None:
     assert "de-filt-aer-0.4,-0.5" in SCREENS["lr-and-filter"]
     with pytest.raises(SystemExit):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -68,6 +69,24 @@ SCREENS: dict[str, dict[str, tuple[list[str], dict[str, str]]]] = {
         "fr-node-complete": run("fr", "decentralized", "optim.topology=complete"),
         "fr-filt-aer-0.4,-0.5": run("fr", "decentralized", coefficients="0.4,-0.5"),
     },
+    # four seeds of All-Reduce and the nodes on aer to 1,200 steps (with --bleu: their test BLEU),
+    # and two of the nodes on complete (what the nodes' exchange at every step would give)
+    "seeds-1200": {
+        **{
+            f"de-{name}-s{seed}": run("de", optimizer, *extra, f"train.seed={seed}")
+            for name, optimizer, extra in (
+                ("ar", "allreduce", ()),
+                ("node-aer", "decentralized", ()),
+            )
+            for seed in (1, 2, 3, 4)
+        },
+        **{
+            f"de-node-complete-s{seed}": run(
+                "de", "decentralized", "optim.topology=complete", f"train.seed={seed}"
+            )
+            for seed in (1, 2)
+        },
+    },
 }
 
 
@@ -81,12 +100,24 @@ def read_curve(log: Path) -> dict[int, float]:
     return curve
 
 
+def read_bleu(log: Path) -> float | None:
+    """The test BLEU a run's log ends with (``--bleu``), if it got there."""
+    for line in log.read_text().splitlines():
+        if line.startswith('{"bleu"'):
+            return float(json.loads(line)["bleu"])
+    return None
+
+
 def reference_of(name: str, names: list[str]) -> str | None:
-    """All-Reduce at lr 2e-3 with the same language and seed, if the logs have it."""
-    lang, seed = name.split("-")[0], "-s2" if name.endswith("-s2") else ""
-    for candidate in (f"{lang}-ar-2e-3{seed}", f"{lang}-ar{seed}"):
-        if candidate in names:
-            return candidate
+    """All-Reduce at lr 2e-3 with the same language and seed, if the logs have it (seed 1 is the
+    name without ``-sN``, or ``-s1``)."""
+    lang, _, tail = name.partition("-")
+    seed = tail.rpartition("-")[2] if re.fullmatch(r".*-s\d+", tail) else ""
+    seeds = [f"-{seed}"] if seed not in ("", "s1") else ["", "-s1"]
+    for suffix in seeds:
+        for candidate in (f"{lang}-ar-2e-3{suffix}", f"{lang}-ar{suffix}"):
+            if candidate in names:
+                return candidate
     return None
 
 
@@ -94,13 +125,15 @@ def table(out: Path, references: list[Path] | None = None) -> str:
     """Markdown of the runs in ``out``; All-Reduce's curves may also come from ``references``."""
     curves = {log.stem: read_curve(log) for log in sorted(out.glob("*.log"))}
     curves = {name: curve for name, curve in curves.items() if curve}
+    bleus = {log.stem: read_bleu(log) for log in sorted(out.glob("*.log")) if log.stem in curves}
     known = dict(curves)
     for directory in references or []:
         known.update({log.stem: read_curve(log) for log in sorted(directory.glob("*-ar-*.log"))})
     steps = sorted({s for curve in curves.values() for s in curve})
+    with_bleu = any(b is not None for b in bleus.values())
     lines = [
-        "| run | " + " | ".join(f"{s}" for s in steps) + " |",
-        "|---|" + "---:|" * len(steps),
+        "| run | " + " | ".join(f"{s}" for s in steps) + (" | BLEU |" if with_bleu else " |"),
+        "|---|" + "---:|" * (len(steps) + with_bleu),
     ]
     for name, curve in curves.items():
         reference = reference_of(name, list(known))
@@ -111,6 +144,11 @@ def table(out: Path, references: list[Path] | None = None) -> str:
                 continue
             compared = known[reference].get(s) if reference is not None and reference != name else None
             cells.append(nll_cell(curve[s], compared))
+        if with_bleu:
+            bleu = bleus[name]
+            other = bleus.get(reference) if reference is not None and reference != name else None
+            difference = "" if bleu is None or other is None else f" ({bleu - other:+.2f})"
+            cells.append("" if bleu is None else f"{bleu:.2f}{difference}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -127,6 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--deadline", type=float, default=430.0, help="seconds before unfinished runs stop")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--table-only", action="store_true")
+    parser.add_argument(
+        "--bleu", action="store_true", help="each run scores its final average on the test split"
+    )
     parser.add_argument("--only", nargs="*", default=[], help="run only these of the screen's runs")
     parser.add_argument(
         "--references", type=Path, nargs="*", default=[], help="other screens' OUT (All-Reduce)"
@@ -149,7 +190,8 @@ def main(argv: list[str] | None = None) -> None:
             command = [
                 sys.executable, "-m", "benchmarks.parity.workers", "--data", args.data, "--workers", "4",
                 "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--device", args.device,
-                "--out", str(args.out / f"{name}.json"), *run_args, *args.overrides,
+                "--out", str(args.out / f"{name}.json"), *(["--bleu"] if args.bleu else []), *run_args,
+                *args.overrides,
             ]  # fmt: skip
             log = (args.out / f"{name}.log").open("w")
             environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}

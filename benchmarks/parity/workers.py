@@ -12,7 +12,9 @@ The validation loss is that of the exact average of the ranks' weights, as the r
     python -m benchmarks.parity.workers --preset multi30k-en-de --data MULTI30K --workers 16 \\
         --steps 400 --optimizer decentralized --out runs/workers/dec-16.json optim.lr=2e-3
 
-``--diagnose`` (All-Reduce only) also keeps every rank's shadow Adam moments, from its own
+``--bleu`` scores the final exact average on the preset's test split with ``eval.bleu``'s beam search
+and sacreBLEU (its defaults: beam 4, length penalty 0.6), as the recipe's BLEU command scores a
+checkpoint. ``--diagnose`` (All-Reduce only) also keeps every rank's shadow Adam moments, from its own
 gradient, and every ``--diagnose-every`` steps logs per parameter group how the per-rank
 normalisation changes All-Reduce's step (H1: its length, H2: its direction).
 """
@@ -311,7 +313,30 @@ def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
             }
             curve.append(point)
             print(json.dumps(point), flush=True)
-    return {"curve": curve, "train_loss": losses, "diagnosis": diagnosis.records if diagnosis else []}
+    scores = test_bleu(world, evaluator, cfg) if args.bleu else None
+    if scores is not None:
+        print(json.dumps({"bleu": scores["bleu"], "chrf": scores["chrf"]}), flush=True)
+    return {
+        "curve": curve,
+        "train_loss": losses,
+        "diagnosis": diagnosis.records if diagnosis else [],
+        "test": scores,
+    }
+
+
+def test_bleu(world: Workers, model: nn.Module, cfg: config.Config) -> dict[str, Any]:
+    """BLEU and chrF of ``model`` on the preset's test split, decoded as ``eval.bleu`` decodes."""
+    from eval.bleu import score, translate
+
+    d = cfg.data
+    sources, references = data.read_split(d.path, d.test_split, d.src, d.tgt)
+    model.eval()
+    hypotheses = translate(
+        model, world.tokenizer, sources, beam=4, length_penalty=0.6, max_len_b=50, max_tokens=16000,
+        device=str(world.device),
+    )  # fmt: skip
+    model.train()
+    return {"split": d.test_split, "sentences": len(sources), **score(hypotheses, references)}
 
 
 def compare_with_run(result: dict[str, Any], run: Path) -> dict[str, Any]:
@@ -341,6 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--diagnose", action="store_true", help="All-Reduce: shadow per-rank moments")
     parser.add_argument("--diagnose-every", type=int, default=50)
     parser.add_argument("--check-against", type=Path, help="a recipe run dir logged with train.log_every=1")
+    parser.add_argument("--bleu", action="store_true", help="score the final average on the test split")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--device", default="cpu", help="where the simulated ranks compute (cpu, cuda)")
     parser.add_argument(

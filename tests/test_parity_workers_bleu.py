@@ -1,0 +1,50 @@
+"""benchmarks.parity.workers --bleu: the simulated run scores its final average as eval.bleu does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tokenizers", reason="the translation recipe needs pip install '.[recipes]'")
+pytest.importorskip("sacrebleu", reason="BLEU needs pip install '.[eval]'")
+
+from benchmarks.parity import workers
+from recipes.translation import synthetic
+
+TINY = [
+    "data.vocab_size=120", "model.layers=1", "model.d_model=16", "model.ffn_dim=32", "model.heads=2",
+    "train.global_tokens=512", "data.val_limit=16",
+]  # fmt: skip
+
+
+def test_bleu_scores_the_final_average_on_the_test_split(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = synthetic.write(tmp_path / "corpus", train=200, val=16, test=6)
+    out = tmp_path / "run.json"
+    workers.main([
+        "--preset", "demo-synthetic-en-de", "--data", str(corpus), "--workers", "4", "--steps", "2",
+        "--eval-every", "1", "--optimizer", "decentralized", "--bleu", "--out", str(out),
+        f"data.cache_dir={tmp_path / 'cache'}", *TINY,
+    ])  # fmt: skip
+    result = json.loads(out.read_text())
+    test = result["test"]
+    assert test["split"] == result["config"]["data"]["test_split"] and test["sentences"] == 6
+    assert 0.0 <= test["bleu"] <= 100.0 and test["bleu_signature"].startswith("nrefs:1")
+    printed = [
+        json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"bleu"')
+    ]
+    assert printed == [{"bleu": test["bleu"], "chrf": test["chrf"]}]
+    assert [p["step"] for p in result["curve"]] == [1, 2]
+
+
+def test_without_bleu_nothing_is_decoded(tmp_path: Path) -> None:
+    corpus = synthetic.write(tmp_path / "corpus", train=200, val=16, test=6)
+    out = tmp_path / "run.json"
+    workers.main([
+        "--preset", "demo-synthetic-en-de", "--data", str(corpus), "--workers", "2", "--steps", "1",
+        "--optimizer", "allreduce", "--out", str(out), f"data.cache_dir={tmp_path / 'cache'}", *TINY,
+    ])  # fmt: skip
+    assert json.loads(out.read_text())["test"] is None
