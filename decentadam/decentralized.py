@@ -40,6 +40,8 @@ SecondMoment = Literal["all_ranks", "local", "group_gradient"]
 SECOND_MOMENTS: tuple[SecondMoment, ...] = ("all_ranks", "local", "group_gradient")
 IntraNode = Literal["gossip", "all_reduce"]
 INTRA_NODE: tuple[IntraNode, ...] = ("gossip", "all_reduce")
+Exchange = Literal["parameters", "bf16_updates"]
+EXCHANGES: tuple[Exchange, ...] = ("parameters", "bf16_updates")
 LocalUpdate = Callable[[dict[Tensor, dict[str, Any]], dict[str, Any], list[Tensor]], None]
 """``fn(state, group, params)``: update ``params`` (those of one bucket with a gradient) in place."""
 
@@ -111,6 +113,25 @@ class DecentralizedAdam(Optimizer):
     holds the node's mean gradient. Memory: per bucket a buffer of its parameters' size (twice it
     with ``"group_gradient"``, for ``g**2``), and ``A`` with ``"group_gradient"``.
 
+    Updates instead of parameters. With ``exchange="bf16_updates"`` a rank sends, in bfloat16, how
+    far its parameters moved from a reference point ``r`` that every member of its group holds
+    bitwise alike, instead of its float32 parameters (half the bytes). With ``q_i = bf16(x_i - r)``
+    and the group's sum ``S`` of the ``q``'s over its ``m`` ranks, the mixing is::
+
+        x_i = x_i + S / m - q_i;   r = r + S / m
+
+    so the group's mean of ``x`` is exactly the mean of what its ranks held (``sum_i (S/m - q_i)
+    = 0``), each rank keeps its own rounding residual (sent with its next update), and the ranks'
+    parameters differ only by those residuals: the same mixing as ``"parameters"`` up to a rounding
+    of the step (2**-9 of it), not of the weights. ``r`` starts at the broadcast parameters and is
+    optimizer state (the key ``exchange_ref``, one copy of the parameters), so checkpoints and
+    exact resumes carry it. It needs every rank to average with one fixed group (``topology=
+    "complete"``; with ``intra_node="all_reduce"``, any topology over 2 nodes): a rank that meets
+    different peers would need a reference per peer. The sum must arrive bitwise the same on every
+    member, as gloo's and NCCL's all-reduce deliver it (each element is reduced once and then
+    copied), or ``r`` would drift apart. Memory: ``r``, and per bucket two bfloat16 buffers (the
+    update sent and the sum received).
+
     Communication overlaps compute: at the end of step ``t`` each bucket of parameters
     (:mod:`decentadam.buckets`) starts an asynchronous sum of ``x_i(t+1)`` over its group of step
     ``t+1`` (:mod:`decentadam.collectives`), which travels during the next forward/backward; step
@@ -137,6 +158,9 @@ class DecentralizedAdam(Optimizer):
             ``intra_node="all_reduce"`` (which gives the estimate every step).
         intra_node: ``"gossip"`` (each rank is a worker of the topology) or ``"all_reduce"``
             (the ranks of a node average their gradients and only nodes gossip; see above).
+        exchange: ``"parameters"`` (send the parameters) or ``"bf16_updates"`` (send the update
+            from a shared reference point in bfloat16: half the bytes; one fixed group per rank,
+            see above).
         topology: a name for :func:`decentadam.topology.build` or a built :class:`Topology`.
         local_world_size: ranks per node for node-aware topologies ("aer"); default: the
             ``LOCAL_WORLD_SIZE`` environment variable set by torchrun / accelerate launch, else 1.
@@ -172,6 +196,7 @@ class DecentralizedAdam(Optimizer):
         second_moment: SecondMoment = "all_ranks",
         v_every: int | None = None,
         intra_node: IntraNode = "gossip",
+        exchange: Exchange = "parameters",
         overlap: Overlap = "step",
         foreach: bool | None = None,
         timeout: float | None = None,
@@ -191,6 +216,8 @@ class DecentralizedAdam(Optimizer):
             )
         if intra_node not in INTRA_NODE:
             raise ValueError(f"intra_node must be 'gossip' or 'all_reduce', got {intra_node!r}")
+        if exchange not in EXCHANGES:
+            raise ValueError(f"exchange must be 'parameters' or 'bf16_updates', got {exchange!r}")
         if intra_node == "all_reduce" and second_moment == "group_gradient" and v_every not in (None, 1):
             raise ValueError(
                 f"v_every={v_every!r}: with intra_node='all_reduce' the node's gradients give "
@@ -248,6 +275,9 @@ class DecentralizedAdam(Optimizer):
                 )
         else:
             self.topology = resolve(topology, world_size, local_world_size)
+        if exchange == "bf16_updates":
+            _check_fixed_groups(self.topology, intra_node)
+        self.exchange: Exchange = exchange
         self.second_moment: SecondMoment = second_moment
         self._v_every = v_every  # k, for second_moment="group_gradient" only
         self._set_second_moment()
@@ -286,6 +316,15 @@ class DecentralizedAdam(Optimizer):
         self._frozen = [p for p in all_params if id(p) not in in_buckets]
         if world_size > 1:
             bucketing.broadcast(self._buckets, self._frozen, communicator)
+        self._updates: dict[int, _UpdateExchange] = {}  # id(bucket) -> its bf16 update exchange
+        if exchange == "bf16_updates" and world_size > 1:
+            self._updates = {id(b): _UpdateExchange.of(b) for b in self._buckets}
+            for bucket in self._buckets:  # r: the broadcast parameters, alike on every rank
+                refs = self._updates[id(bucket)]
+                with torch.no_grad():
+                    torch._foreach_copy_(refs.ref_views, bucket.params)
+                for param, view in zip(bucket.params, refs.ref_views, strict=True):
+                    self.state[param]["exchange_ref"] = view
         self._backward = BackwardSchedule(self._buckets, self._step_bucket) if overlap == "backward" else None
         self._closed = False
         t = self.topology
@@ -337,20 +376,37 @@ class DecentralizedAdam(Optimizer):
         if bucket.pending_size <= 1:
             return
         self._wait(bucket)
-        for param, view in zip(bucket.params, bucket.views, strict=True):
-            torch.div(view, bucket.pending_size, out=param)  # one pass: scale while copying
+        updates = self._updates.get(id(bucket))
+        if updates is not None and not updates.whole:  # x_i += S/m - q_i, r += S/m (docstring)
+            mean = bucket.buffer.copy_(updates.total).div_(bucket.pending_size)
+            updates.ref.add_(mean)
+            mean.sub_(updates.own)
+            torch._foreach_add_(bucket.params, bucket.views)
+        else:
+            for param, view in zip(bucket.params, bucket.views, strict=True):
+                torch.div(view, bucket.pending_size, out=param)  # one pass: scale while copying
+            if updates is not None:  # a whole exchange (after a resume without r): r is its mean
+                torch._foreach_copy_(updates.ref_views, bucket.params)
+                updates.whole = False
         bucket.pending_size = 0
 
     def _start_exchange(self, bucket: Bucket, step: int) -> None:
-        """Send x_i(step) to the group of ``step``; the sum arrives in ``bucket.buffer``."""
+        """Send x_i(step) (or its bf16 update from r) to the group of ``step``; the sum arrives in
+        ``bucket.buffer`` (or the update exchange's ``total``)."""
         group = self.topology.group_of(self.rank, step)
         bucket.pending_size = len(group)
         if len(group) == 1:
             return
         torch._foreach_copy_(bucket.views, bucket.params)
+        updates = self._updates.get(id(bucket))
+        sent = bucket.buffer
+        if updates is not None and not updates.whole:
+            updates.own.copy_(bucket.buffer.sub_(updates.ref))  # q_i = bf16(x_i - r): one rounding
+            sent = updates.total
+            sent.copy_(updates.own)
         with self._explain_failure(step, "start"):
-            bucket.handle = self.communicator.group_sum(bucket.buffer, group)
-        self.stats.bytes_sent += bucket.nbytes
+            bucket.handle = self.communicator.group_sum(sent, group)
+        self.stats.bytes_sent += sent.numel() * sent.element_size()
         self.stats.exchanges += 1
 
     def _wait(self, bucket: Bucket) -> None:
@@ -601,6 +657,21 @@ class DecentralizedAdam(Optimizer):
 
     # ------------------------------------------------------------------ state
 
+    def _load_references(self) -> None:
+        """After loading state: copy each parameter's ``exchange_ref`` into its bucket's flat r; where
+        the loaded state has none (saved with exchange="parameters"), the next exchange sends the
+        whole parameters and r becomes their mean."""
+        for bucket in self._buckets:
+            updates = self._updates.get(id(bucket))
+            if updates is None:
+                continue
+            loaded = [self.state[p].get("exchange_ref") for p in bucket.params]
+            updates.whole = any(ref is None for ref in loaded)
+            for param, view, ref in zip(bucket.params, updates.ref_views, loaded, strict=True):
+                if ref is not None and ref is not view:
+                    view.copy_(ref)
+                self.state[param]["exchange_ref"] = view
+
     @property
     def step_count(self) -> int:
         """t: how many times step() has completed (the topology round of the next step is t % period)."""
@@ -627,6 +698,7 @@ class DecentralizedAdam(Optimizer):
             "second_moment": self.second_moment,
             "v_every": self._v_every,
             "intra_node": self.intra_node,
+            "exchange": self.exchange,
             "topology": self.topology.name,
             "world_size": self.world_size,
             "local_world_size": self.topology.local_world_size,
@@ -661,8 +733,15 @@ class DecentralizedAdam(Optimizer):
                     *saved_moment,
                     *(self.second_moment, self._v_every, self.intra_node),
                 )
+            if extra.get("exchange", "parameters") != self.exchange:
+                logger.warning(
+                    "optimizer state was saved with exchange=%r; continuing with %r",
+                    extra.get("exchange", "parameters"),
+                    self.exchange,
+                )
             self._step = int(extra["step"])
         self.wait_for_exchanges()
+        self._load_references()
         for bucket in self._buckets:
             bucket.pending_size = 0
         # Step 0 does not mix (construction made every rank equal), so a state saved before the first
@@ -672,6 +751,38 @@ class DecentralizedAdam(Optimizer):
         # iteration from step() (it also recounts the hooks).
         if self._backward is not None:
             self._backward.recount()
+
+
+def _check_fixed_groups(topology: Topology, intra_node: IntraNode) -> None:
+    """exchange="bf16_updates": every rank must average with one fixed group (its r is that group's)."""
+    for rank in range(topology.world_size):
+        groups = {topology.group_of(rank, t) for t in range(topology.period)} - {(rank,)}
+        if len(groups) > 1:
+            where = "over the nodes " if intra_node == "all_reduce" else ""
+            raise ValueError(
+                f"exchange='bf16_updates' sends updates from a reference point that a rank shares "
+                f"with one fixed group, but topology {topology.name!r} {where}gives rank {rank} "
+                f"{len(groups)} different groups ({sorted(groups)}): use topology='complete' (or, "
+                "with intra_node='all_reduce', 2 nodes), or exchange='parameters'"
+            )
+
+
+@dataclass(eq=False)
+class _UpdateExchange:
+    """One bucket's ``exchange="bf16_updates"`` buffers: r, and the update sent and summed."""
+
+    ref: Tensor  # (numel,) in the parameters' dtype: r, the reference point alike on the group
+    ref_views: list[Tensor]  # views of ``ref`` shaped like the bucket's parameters (their state)
+    own: Tensor  # (numel,) bfloat16: q_i = bf16(x_i - r), as sent
+    total: Tensor  # (numel,) bfloat16: q_i sent, the group's sum S received
+    whole: bool = False  # the next exchange sends the parameters (r was not in a loaded state)
+
+    @classmethod
+    def of(cls, bucket: Bucket) -> _UpdateExchange:
+        flat = bucket.buffer
+        ref = torch.empty_like(flat)
+        own = torch.empty(flat.numel(), dtype=torch.bfloat16, device=flat.device)
+        return cls(ref, views_like(ref, bucket.params), own, torch.empty_like(own))
 
 
 @dataclass(eq=False)

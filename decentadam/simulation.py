@@ -57,7 +57,10 @@ __all__ = ["SimulatedCluster", "SimulatedCommunicator"]
 
 @dataclass(eq=False)
 class _Exchange:
-    """The k-th sum over one group: each member's tensor, summed once, when first waited for."""
+    """The k-th sum over one group: each member's tensor, summed once, when first waited for.
+
+    bfloat16 and float16 tensors are added in float32 and rounded once, as a pair's sum (or two
+    nodes' sum of replicas) arrives from gloo."""
 
     group: Group
     tensors: dict[int, Tensor] = field(default_factory=dict)
@@ -73,7 +76,9 @@ class _Exchange:
                 f"rank(s) {missing} have not started it: step every simulated rank in rank order "
                 "before any rank's next iteration (decentadam.simulation)"
             )
-        total = torch.zeros_like(self.tensors[self.group[0]])
+        first = self.tensors[self.group[0]]
+        low = first.dtype in (torch.bfloat16, torch.float16)  # summed in float32, rounded once
+        total = torch.zeros_like(first, dtype=torch.float32 if low else first.dtype)
         for rank in self.group:  # a fixed order: every member gets bitwise the same sum
             total.add_(self.tensors[rank])
         for tensor in self.tensors.values():

@@ -268,6 +268,12 @@ def test_config_validation_names_the_field() -> None:
     assert "topology" in errors and "accum_steps" in errors and "bucket_size_mb" in errors
 
 
+def test_config_validation_of_exchange() -> None:
+    assert not DecentralizedAdamConfig(exchange="bf16_updates", topology="complete").validate().has_error()
+    errors = str(DecentralizedAdamConfig(exchange="fp8").validate())
+    assert "`exchange` must be one of 'parameters', 'bf16_updates', but is 'fp8'." in errors
+
+
 def test_config_validation_of_intra_node() -> None:
     assert not DecentralizedAdamConfig(intra_node="all_reduce").validate().has_error()
     node_gradient = DecentralizedAdamConfig(intra_node="all_reduce", second_moment="group_gradient")

@@ -430,3 +430,21 @@ def test_run_logged_echoes_progress_keeps_the_log_and_raises_with_its_end(
     failing = [sys.executable, "-c", "print('error: no data'); raise SystemExit(3)"]
     with pytest.raises(RuntimeError, match=r"(?s)demo failed with exit code 3; .*error: no data"):
         launch.run_logged(failing, tmp_path / "b.log", "demo")
+
+
+def test_build_optimizer_passes_the_exchange_to_decentralized_adam_only() -> None:
+    from recipes.common.optim import build_optimizer
+
+    model = torch.nn.Linear(3, 2)
+    common: dict[str, Any] = {
+        "lr": 1e-3, "weight_decay": 0.0, "betas_allreduce": (0.9, 0.98), "betas_decentralized": (0.9, 0.98),
+        "eps": 1e-8,
+    }  # fmt: skip
+    optimizer = build_optimizer(
+        model, "decentralized", exchange="bf16_updates", topology="complete", **common
+    )
+    assert optimizer.exchange == "bf16_updates"  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"optim\.exchange = 'bf16_updates' is how DecentralizedAdam sends"):
+        build_optimizer(model, "allreduce", exchange="bf16_updates", **common)
+    with pytest.raises(ConfigError, match=r"optim\.exchange"):
+        build_optimizer(model, "decentralized", exchange="fp8", **common)

@@ -236,6 +236,22 @@ def test_group_gradient_adds_its_bytes_every_k_steps(v_every: int) -> None:
         Workload(param_bytes=S, compute_s=0.1, gradient_values=S, v_every=0)
 
 
+def test_bf16_updates_send_half_of_float32_parameters_across_the_nodes() -> None:
+    """exchange="bf16_updates" over 2 nodes x 2 on complete: 2 P bytes every step where the
+    parameters take 4 P; the same inter-node bytes as aer's float32 parameters every other step."""
+    cluster = Cluster(2, 2, GBIT, 10 * GBIT, inter_latency_s=20e-6, intra_latency_s=5e-6)
+    work = Workload(param_bytes=S, compute_s=0.01, intra_node="all_reduce", hierarchical=True)
+    updates = replace(work, update_values=S / 4)  # S bytes of float32 parameters: S / 4 values
+    complete = predict("complete", cluster, work)
+    halved = predict("complete", cluster, updates)
+    assert halved.inter_bytes_per_rank == pytest.approx(complete.inter_bytes_per_rank / 2)
+    assert halved.inter_bytes_per_rank == pytest.approx(predict("aer", cluster, work).inter_bytes_per_rank)
+    assert halved.node_sum_bytes_per_rank == pytest.approx(complete.node_sum_bytes_per_rank)
+    assert halved.iteration_s < complete.iteration_s  # communication-bound here
+    with pytest.raises(ValueError, match="update_values must be >= 0"):
+        Workload(param_bytes=S, compute_s=0.1, update_values=-1.0)
+
+
 def _node_sum_seconds(cluster: Cluster) -> float:
     """The node's gradient all-reduce by hand: a ring of L ranks over 2 S bytes (g and g**2)."""
     local = cluster.ranks_per_node

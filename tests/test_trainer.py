@@ -251,13 +251,18 @@ def test_intra_node_all_reduce_reaches_the_optimizer(tmp_path: Path) -> None:
     optimizer.close()
     default = _trainer(tmp_path).create_optimizer()
     assert isinstance(default, DecentralizedAdam) and default.intra_node == "gossip"
+    assert default.exchange == "parameters"
     default.close()
+    updates = _trainer(tmp_path, exchange="bf16_updates", topology="complete").create_optimizer()
+    assert isinstance(updates, DecentralizedAdam) and updates.exchange == "bf16_updates"
+    updates.close()
 
 
 @pytest.mark.parametrize(
     ("decentralized", "message"),
     [
         ({"intra_node": "node"}, r"intra_node must be 'gossip' or 'all_reduce', got 'node'"),
+        ({"exchange": "fp8"}, r"exchange must be 'parameters' or 'bf16_updates', got 'fp8'"),
         (
             {"intra_node": "all_reduce", "second_moment": "group_gradient", "v_every": 2},
             r"v_every=2: with intra_node='all_reduce' .* leave v_every out",

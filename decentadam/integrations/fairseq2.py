@@ -60,7 +60,7 @@ from torch.optim import Optimizer
 
 from decentadam import checkpoint_files as files
 from decentadam.consensus import averaged
-from decentadam.decentralized import INTRA_NODE, SECOND_MOMENTS, DecentralizedAdam
+from decentadam.decentralized import EXCHANGES, INTRA_NODE, SECOND_MOMENTS, DecentralizedAdam
 from decentadam.optim.accum_adamw import AccumAdamW, make_defaults
 from decentadam.topology import TOPOLOGIES
 
@@ -129,6 +129,9 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
     intra_node: str = "gossip"
     """"gossip": every rank is a worker of the topology; "all_reduce": the ranks of a node all-reduce
     their gradients before each step and only nodes gossip (see DecentralizedAdam)."""
+    exchange: str = "parameters"
+    """"parameters": send the parameters; "bf16_updates": send each rank's update from a shared
+    reference point in bfloat16, half the bytes (one fixed group per rank; see DecentralizedAdam)."""
     topology: str = "aer"
     """Graph schedule: "complete", "ring", "one-peer-exp" or "aer" (alternating exponential ring)."""
     local_world_size: int | None = None
@@ -169,6 +172,10 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
         if self.intra_node not in INTRA_NODE:
             result.add_error(
                 f"`intra_node` must be one of {', '.join(map(repr, INTRA_NODE))}, but is {self.intra_node!r}."
+            )
+        if self.exchange not in EXCHANGES:
+            result.add_error(
+                f"`exchange` must be one of {', '.join(map(repr, EXCHANGES))}, but is {self.exchange!r}."
             )
         if not self.bucket_size_mb > 0:
             result.add_error(f"`bucket_size_mb` must be > 0, but is {self.bucket_size_mb}.")
@@ -231,6 +238,7 @@ def _decentralized(resolver: DependencyResolver, config: DecentralizedAdamConfig
         second_moment=config.second_moment,  # type: ignore[arg-type]
         v_every=config.v_every,
         intra_node=config.intra_node,  # type: ignore[arg-type]
+        exchange=config.exchange,  # type: ignore[arg-type]
         topology=config.topology,
         local_world_size=config.local_world_size,
         bucket_size_mb=config.bucket_size_mb,

@@ -76,6 +76,9 @@ class DecentralizedArguments:
     intra_node: Literal["gossip", "all_reduce"] = "gossip"
     """"gossip": every rank is a worker of the topology; "all_reduce": the ranks of a node all-reduce
     their gradients before each step and only nodes gossip (see DecentralizedAdam)."""
+    exchange: Literal["parameters", "bf16_updates"] = "parameters"
+    """"parameters": send the parameters; "bf16_updates": send each rank's update from a shared
+    reference point in bfloat16, half the bytes (one fixed group per rank; see DecentralizedAdam)."""
     accum_steps: int = 1
     """AccumAdam window s (with second_moment="local"): Adam moments advance once per s steps with the
     window's mean gradient."""
@@ -169,6 +172,7 @@ class DecentralizedTrainer(Trainer):
             second_moment=config.second_moment,
             v_every=config.v_every,
             intra_node=config.intra_node,
+            exchange=config.exchange,
             topology=config.topology,
             local_world_size=config.local_world_size,
             bucket_size_mb=config.bucket_size_mb,

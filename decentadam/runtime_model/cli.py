@@ -126,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
         "all_ranks); with --intra-node all_reduce, group_gradient adds the squares to the node's sum",
     )
     parser.add_argument(
+        "--exchange",
+        choices=("parameters", "bf16_updates"),
+        default="parameters",
+        help="DecentralizedAdam(exchange=...): 'bf16_updates' sends each rank's update in bfloat16 "
+        "(2 bytes per parameter) in place of its parameters",
+    )
+    parser.add_argument(
         "--intra-node",
         choices=INTRA_NODE,
         default="gossip",
@@ -253,6 +260,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Cluster, Workload]:
         if args.second_moment == "group_gradient" and args.intra_node != "all_reduce"
         else 0.0,
         v_every=args.v_every or 2,
+        update_values=args.params if args.exchange == "bf16_updates" else 0.0,
         intra_node=args.intra_node,
         node_squares=args.second_moment == "group_gradient",
     )

@@ -222,6 +222,9 @@ class Workload:
     (float32); 0: another second moment, no gradient is sent."""
     v_every: int = 2
     """k: DecentralizedAdam's ``v_every``, the steps between two gradient sums."""
+    update_values: float = 0.0
+    """P: with ``exchange="bf16_updates"`` the values of the update sent in place of the parameters,
+    2 bytes each (bfloat16); 0: the parameters travel (``param_bytes``)."""
     intra_node: str = "gossip"
     """DecentralizedAdam's ``intra_node``: ``"gossip"`` (every rank is a worker of the topology) or
     ``"all_reduce"`` (every step the ranks of a node all-reduce their gradients, and their squares
@@ -238,6 +241,8 @@ class Workload:
             raise ValueError(f"gradient_values must be >= 0, got {self.gradient_values}")
         if self.v_every < 1:
             raise ValueError(f"v_every must be >= 1, got {self.v_every}")
+        if not self.update_values >= 0:
+            raise ValueError(f"update_values must be >= 0, got {self.update_values}")
         if self.intra_node not in INTRA_NODE:
             raise ValueError(f"intra_node must be 'gossip' or 'all_reduce', got {self.intra_node!r}")
         if self.intra_node == "all_reduce" and self.gradient_values:
@@ -263,12 +268,13 @@ class Workload:
         return self.compute_s * scale
 
     def exchange_bytes(self, step: int, group: Group) -> float:
-        """Bytes one rank sums with its ``group`` of ``step``: the parameters, and every
-        ``v_every``-th step the gradient of ``second_moment="group_gradient"`` (bfloat16 in a group
-        of two, float32 in a larger one)."""
+        """Bytes one rank sums with its ``group`` of ``step``: the parameters (or their bfloat16
+        update, ``exchange="bf16_updates"``), and every ``v_every``-th step the gradient of
+        ``second_moment="group_gradient"`` (bfloat16 in a group of two, float32 in a larger one)."""
+        sent = 2 * self.update_values if self.update_values else self.param_bytes
         if step % self.v_every:
-            return self.param_bytes
-        return self.param_bytes + self.gradient_values * (2 if len(group) == 2 else 4)
+            return sent
+        return sent + self.gradient_values * (2 if len(group) == 2 else 4)
 
     def round_bytes(self, topology: Topology, step: int) -> dict[Group, float]:
         """:meth:`exchange_bytes` of each group of ``step``."""

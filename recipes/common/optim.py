@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALGORITHMS",
+    "EXCHANGES",
     "INTRA_NODE",
     "OPTIMIZERS",
     "SECOND_MOMENTS",
@@ -44,6 +45,7 @@ OPTIMIZERS = ("allreduce", "decentralized", "a2cid2")
 ALGORITHMS = ("adamw", "sgd")
 SECOND_MOMENTS = ("all_ranks", "local", "group_gradient")
 INTRA_NODE = ("gossip", "all_reduce")
+EXCHANGES = ("parameters", "bf16_updates")
 
 
 def is_decentralized(optimizer: str) -> bool:
@@ -76,6 +78,7 @@ def build_optimizer(
     second_moment: str = "all_ranks",
     v_every: int = 2,
     intra_node: str = "gossip",
+    exchange: str = "parameters",
     topology: str = "aer",
     local_world_size: int = 0,
     world_size: int = 1,
@@ -87,16 +90,17 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """The optimizer of the table above for ``model`` (on its device already).
 
-    ``local_world_size`` 0 takes the launcher's ``LOCAL_WORLD_SIZE``; a value above ``world_size``
-    is capped to it (one node). ``second_moment="all_ranks"`` gives the local AccumAdamW of A2CiD2
-    the same correction as DecentralizedAdam (``noise_ranks = world_size``); ``"group_gradient"``
+    ``local_world_size`` 0 takes the launcher's ``LOCAL_WORLD_SIZE``; a value above ``world_size`` is
+    capped to it (one node). ``second_moment="all_ranks"`` gives the local AccumAdamW of A2CiD2 the same
+    correction as DecentralizedAdam (``noise_ranks = world_size``); ``"group_gradient"``
     (DecentralizedAdam only) sends the gradient with the parameters every ``v_every`` steps, which is
-    ignored with the other second moments and with ``intra_node="all_reduce"`` (the ranks of a
-    node average their gradients; DecentralizedAdam only). Raises ConfigError for an unknown
-    optimizer or algorithm, and for a decentralized run with ``sgd`` (DecentralizedAdam is
+    ignored with the other second moments and with ``intra_node="all_reduce"`` (the ranks of a node
+    average their gradients; DecentralizedAdam only). ``exchange="bf16_updates"`` (DecentralizedAdam
+    only) sends each rank's update in bfloat16 instead of its parameters. Raises ConfigError for an
+    unknown optimizer or algorithm, and for a decentralized run with ``sgd`` (DecentralizedAdam is
     AccumAdamW). ``communicator`` replaces DecentralizedAdam's torch.distributed collectives (the
-    time-to-quality benchmark times its step with exchanges that finish at once). ``timeout``: the
-    seconds DecentralizedAdam waits for one exchange before raising (None: the process group's).
+    time-to-quality benchmark times its step with exchanges that finish at once). ``timeout``: the seconds
+    DecentralizedAdam waits for one exchange before raising (None: the process group's).
     """
     from decentadam import A2CiD2, AccumAdamW, DecentralizedAdam
 
@@ -120,6 +124,12 @@ def build_optimizer(
     if not (isinstance(v_every, int) and v_every >= 1):
         raise ConfigError(f"optim.v_every = {v_every}: expected a positive integer (steps between gradients)")
     check_choice("optim.intra_node", intra_node, INTRA_NODE)
+    check_choice("optim.exchange", exchange, EXCHANGES)
+    if exchange != "parameters" and optimizer != "decentralized":
+        raise ConfigError(
+            f"optim.exchange = {exchange!r} is how DecentralizedAdam sends its parameters; --optimizer "
+            f"{optimizer} does not take it: use --optimizer decentralized, or optim.exchange=parameters"
+        )
     if intra_node == "all_reduce" and optimizer != "decentralized":
         raise ConfigError(
             f"optim.intra_node = 'all_reduce' averages gradients inside nodes before DecentralizedAdam's "
@@ -138,7 +148,7 @@ def build_optimizer(
             groups, lr=lr, betas=betas_decentralized, eps=eps, weight_decay=weight_decay,
             accum_steps=accum_steps, second_moment=second_moment,  # type: ignore[arg-type]
             v_every=v_every if second_moment == "group_gradient" and intra_node == "gossip" else None,
-            intra_node=intra_node, topology=topology,  # type: ignore[arg-type]
+            intra_node=intra_node, topology=topology, exchange=exchange,  # type: ignore[arg-type]
             local_world_size=min(local_world_size, world_size) if local_world_size else None,
             communicator=communicator, timeout=timeout,
         )  # fmt: skip

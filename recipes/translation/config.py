@@ -101,6 +101,11 @@ class OptimConfig:
     """``gossip`` (every rank a worker of the topology) or ``all_reduce`` (the ranks of a node
     average their gradients, as DDP does, and only nodes gossip: ``local_world_size`` ranks per
     node; DecentralizedAdam only)."""
+    exchange: str = "parameters"
+    """DecentralizedAdam's exchange: ``parameters`` (float32 parameters) or ``bf16_updates`` (each
+    rank's update from a shared reference point in bfloat16: half the bytes; needs one fixed group
+    per rank: ``topology = "complete"``, or with ``intra_node = "all_reduce"`` any topology over 2
+    nodes)."""
     accum_steps: int = 1
     """AccumAdam window s (with ``second_moment = "local"``): the moments advance once per s steps
     with the window's mean gradient."""
