@@ -29,7 +29,7 @@ from decentadam.collectives import (
     default_communicator,
 )
 from decentadam.optim.accum_adamw import ParamsT, check_group, make_defaults, step_group
-from decentadam.topology import Group, Topology, over_nodes, resolve
+from decentadam.topology import Group, Topology, changing_groups, over_nodes, resolve
 
 __all__ = ["INTRA_NODE", "SECOND_MOMENTS", "CommStats", "DecentralizedAdam", "LocalUpdate"]
 
@@ -755,16 +755,16 @@ class DecentralizedAdam(Optimizer):
 
 def _check_fixed_groups(topology: Topology, intra_node: IntraNode) -> None:
     """exchange="bf16_updates": every rank must average with one fixed group (its r is that group's)."""
-    for rank in range(topology.world_size):
-        groups = {topology.group_of(rank, t) for t in range(topology.period)} - {(rank,)}
-        if len(groups) > 1:
-            where = "over the nodes " if intra_node == "all_reduce" else ""
-            raise ValueError(
-                f"exchange='bf16_updates' sends updates from a reference point that a rank shares "
-                f"with one fixed group, but topology {topology.name!r} {where}gives rank {rank} "
-                f"{len(groups)} different groups ({sorted(groups)}): use topology='complete' (or, "
-                "with intra_node='all_reduce', 2 nodes), or exchange='parameters'"
-            )
+    found = changing_groups(topology)
+    if found is not None:
+        rank, groups = found
+        where = "over the nodes " if intra_node == "all_reduce" else ""
+        raise ValueError(
+            f"exchange='bf16_updates' sends updates from a reference point that a rank shares "
+            f"with one fixed group, but topology {topology.name!r} {where}gives rank {rank} "
+            f"{len(groups)} different groups ({groups}): use topology='complete' (or, "
+            "with intra_node='all_reduce', 2 nodes), or exchange='parameters'"
+        )
 
 
 @dataclass(eq=False)

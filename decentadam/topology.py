@@ -42,7 +42,7 @@ import torch
 Group = tuple[int, ...]
 Round = tuple[Group, ...]
 
-__all__ = ["TOPOLOGIES", "Group", "Round", "Topology", "build", "over_nodes", "resolve"]
+__all__ = ["TOPOLOGIES", "Group", "Round", "Topology", "build", "changing_groups", "over_nodes", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -273,3 +273,14 @@ def over_nodes(topology: str | Topology, world_size: int, local_world_size: int)
     return Topology(
         name=among_nodes.name, world_size=world_size, local_world_size=local_world_size, rounds=tuple(rounds)
     )
+
+
+def changing_groups(topology: Topology) -> tuple[int, list[Group]] | None:
+    """``(rank, its groups)`` for the first rank that averages with more than one group over the
+    schedule (its groups of one left out), or ``None`` when every rank has one fixed group (what
+    ``DecentralizedAdam(exchange="bf16_updates")`` needs)."""
+    for rank in range(topology.world_size):
+        groups = {topology.group_of(rank, t) for t in range(topology.period)} - {(rank,)}
+        if len(groups) > 1:
+            return rank, sorted(groups)
+    return None

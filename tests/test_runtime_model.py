@@ -250,6 +250,10 @@ def test_bf16_updates_send_half_of_float32_parameters_across_the_nodes() -> None
     assert halved.iteration_s < complete.iteration_s  # communication-bound here
     with pytest.raises(ValueError, match="update_values must be >= 0"):
         Workload(param_bytes=S, compute_s=0.1, update_values=-1.0)
+    four = Cluster(4, 2, GBIT, 10 * GBIT)  # over 4 nodes only complete keeps one group per rank
+    assert [p.method for p in predict_all(four, updates) if p.method != ALLREDUCE] == ["complete"]
+    with pytest.raises(ValueError, match="needs one fixed group per rank; aer changes them"):
+        predict("aer", four, updates)
 
 
 def _node_sum_seconds(cluster: Cluster) -> float:
@@ -366,6 +370,15 @@ def test_cli_prints_table_and_recommendation(capsys: pytest.CaptureFixture[str])
         assert f"| {method} |" in out
     assert "speed-up vs all-reduce" in out
     assert "Use DecentralizedAdam(topology='aer')" in out
+
+
+def test_cli_exchange_names_the_option_and_drops_changing_groups(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*_argv("25M", 10, nodes=4, gpus_per_node=2, inter_gbps=1), "--intra-node", "all_reduce"]
+    assert main([*argv, "--exchange", "bf16_updates"]) == 0
+    out = capsys.readouterr().out
+    assert "| complete |" in out and "| aer |" not in out
+    assert "or with changing groups (exchange='bf16_updates'): ring, one-peer-exp, aer" in out
+    assert "exchange='bf16_updates')" in out.splitlines()[-1]
 
 
 def test_cli_hierarchical_flag_speeds_up_multi_node_groups(capsys: pytest.CaptureFixture[str]) -> None:

@@ -165,11 +165,16 @@ def _format_table(predictions: list[Prediction]) -> str:
     return "\n".join(lines)
 
 
-def recommend(predictions: list[Prediction], threshold: float = 1.10, intra_node: str = "gossip") -> str:
+def recommend(
+    predictions: list[Prediction],
+    threshold: float = 1.10,
+    intra_node: str = "gossip",
+    exchange: str = "parameters",
+) -> str:
     """One sentence: the fastest method, and whether decentralizing is worth it (>= ``threshold``x).
 
-    ``intra_node``: the one the gossip predictions were made with (named in the advice when not
-    ``"gossip"``).
+    ``intra_node``, ``exchange``: those the gossip predictions were made with (named in the advice
+    when not the defaults).
     """
     base = next(p for p in predictions if p.method == ALLREDUCE)
     gossip = [p for p in predictions if p.method != ALLREDUCE]
@@ -178,8 +183,10 @@ def recommend(predictions: list[Prediction], threshold: float = 1.10, intra_node
     best = min(gossip, key=lambda p: p.iteration_s)
     speedup = base.iteration_s / best.iteration_s
     if speedup >= threshold:
-        arguments = f"topology={best.method!r}" + (
-            f", intra_node={intra_node!r}" if intra_node != "gossip" else ""
+        arguments = (
+            f"topology={best.method!r}"
+            + (f", intra_node={intra_node!r}" if intra_node != "gossip" else "")
+            + (f", exchange={exchange!r}" if exchange != "parameters" else "")
         )
         return f"Use DecentralizedAdam({arguments}): predicted {speedup:.2f}x faster per iteration."
     return (
@@ -228,8 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.intra_node == "all_reduce"
             else f"on {cluster.world_size} ranks in nodes of {args.gpus_per_node}"
         )
-        print(f"not buildable {shape}: " + ", ".join(skipped))
-    print(recommend(predictions, intra_node=args.intra_node))
+        fixed = " or with changing groups (exchange='bf16_updates')" if args.exchange != "parameters" else ""
+        print(f"not buildable {shape}{fixed}: " + ", ".join(skipped))
+    print(recommend(predictions, intra_node=args.intra_node, exchange=args.exchange))
     return 0
 
 

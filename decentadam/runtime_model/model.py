@@ -132,7 +132,7 @@ from dataclasses import dataclass, field
 
 from decentadam.collectives import node_layout
 from decentadam.decentralized import INTRA_NODE
-from decentadam.topology import Group, Round, Topology, build, over_nodes
+from decentadam.topology import Group, Round, Topology, build, changing_groups, over_nodes
 
 __all__ = [
     "ALLREDUCE",
@@ -528,6 +528,8 @@ def predict(method: str, cluster: Cluster, work: Workload, periods: int = 8) -> 
         bound = _simulate_allreduce(cluster, work, 0.0, steps)
     else:
         topology = _topology(method, cluster, work)
+        if work.update_values and changing_groups(topology) is not None:
+            raise ValueError(f"exchange='bf16_updates' needs one fixed group per rank; {method} changes them")
         steps = max(48, work.rounds(topology) * periods)  # the slope is taken over the second half
         iteration = _simulate_gossip(topology, cluster, work, work.update_s, steps)
         bound = _simulate_gossip(topology, cluster, work, 0.0, steps)
