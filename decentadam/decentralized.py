@@ -31,7 +31,7 @@ from decentadam.collectives import (
 from decentadam.optim.accum_adamw import ParamsT, check_group, make_defaults, step_group
 from decentadam.topology import Group, Topology, changing_groups, over_nodes, resolve
 
-__all__ = ["INTRA_NODE", "SECOND_MOMENTS", "CommStats", "DecentralizedAdam", "LocalUpdate"]
+__all__ = ["EXCHANGES", "INTRA_NODE", "SECOND_MOMENTS", "CommStats", "DecentralizedAdam", "LocalUpdate"]
 
 logger = logging.getLogger(__name__)
 
@@ -125,12 +125,13 @@ class DecentralizedAdam(Optimizer):
     parameters differ only by those residuals: the same mixing as ``"parameters"`` up to a rounding
     of the step (2**-9 of it), not of the weights. ``r`` starts at the broadcast parameters and is
     optimizer state (the key ``exchange_ref``, one copy of the parameters), so checkpoints and
-    exact resumes carry it. It needs every rank to average with one fixed group (``topology=
-    "complete"``; with ``intra_node="all_reduce"``, any topology over 2 nodes): a rank that meets
-    different peers would need a reference per peer. The sum must arrive bitwise the same on every
-    member, as gloo's and NCCL's all-reduce deliver it (each element is reduced once and then
-    copied), or ``r`` would drift apart. Memory: ``r``, and per bucket two bfloat16 buffers (the
-    update sent and the sum received).
+    exact resumes carry it (a state saved without it, or with other groups, is resumed with one
+    exchange of the whole parameters, after which ``r`` is their mean). It needs every rank to
+    average with one fixed group (``topology="complete"``; with ``intra_node="all_reduce"``, any
+    topology over 2 nodes): a rank that meets different peers would need a reference per peer.
+    The sum must arrive bitwise the same on every member, as gloo's and NCCL's all-reduce deliver
+    it (each element is reduced once and then copied), or ``r`` would drift apart. Memory: ``r``,
+    and per bucket two bfloat16 buffers (the update sent and the sum received).
 
     Communication overlaps compute: at the end of step ``t`` each bucket of parameters
     (:mod:`decentadam.buckets`) starts an asynchronous sum of ``x_i(t+1)`` over its group of step
@@ -657,16 +658,17 @@ class DecentralizedAdam(Optimizer):
 
     # ------------------------------------------------------------------ state
 
-    def _load_references(self) -> None:
-        """After loading state: copy each parameter's ``exchange_ref`` into its bucket's flat r; where
-        the loaded state has none (saved with exchange="parameters"), the next exchange sends the
-        whole parameters and r becomes their mean."""
+    def _load_references(self, same_groups: bool) -> None:
+        """After loading state: copy each parameter's ``exchange_ref`` into its bucket's flat r. Where
+        the loaded state has none (saved with exchange="parameters"), or was saved with other groups
+        (``same_groups`` false: their r need not be alike on the new group), the next exchange sends
+        the whole parameters and r becomes their mean."""
         for bucket in self._buckets:
             updates = self._updates.get(id(bucket))
             if updates is None:
                 continue
             loaded = [self.state[p].get("exchange_ref") for p in bucket.params]
-            updates.whole = any(ref is None for ref in loaded)
+            updates.whole = not same_groups or any(ref is None for ref in loaded)
             for param, view, ref in zip(bucket.params, updates.ref_views, loaded, strict=True):
                 if ref is not None and ref is not view:
                     view.copy_(ref)
@@ -741,7 +743,22 @@ class DecentralizedAdam(Optimizer):
                 )
             self._step = int(extra["step"])
         self.wait_for_exchanges()
-        self._load_references()
+        # r is shared by the group the state was saved in: another layout of groups, or no r, takes
+        # one exchange of the whole parameters instead (then r is their mean)
+        same_groups = extra is not None and (
+            extra["world_size"],
+            extra["topology"],
+            extra.get("local_world_size"),
+            extra.get("intra_node", "gossip"),
+            extra.get("exchange", "parameters"),
+        ) == (
+            self.world_size,
+            self.topology.name,
+            self.topology.local_world_size,
+            self.intra_node,
+            self.exchange,
+        )
+        self._load_references(same_groups)
         for bucket in self._buckets:
             bucket.pending_size = 0
         # Step 0 does not mix (construction made every rank equal), so a state saved before the first
