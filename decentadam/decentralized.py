@@ -398,13 +398,15 @@ class DecentralizedAdam(Optimizer):
         bucket.pending_size = len(group)
         if len(group) == 1:
             return
-        torch._foreach_copy_(bucket.views, bucket.params)
         updates = self._updates.get(id(bucket))
         sent = bucket.buffer
         if updates is not None and not updates.whole:
-            updates.own.copy_(bucket.buffer.sub_(updates.ref))  # q_i = bf16(x_i - r): one rounding
+            for param, ref, own in zip(bucket.params, updates.ref_views, updates.own_views, strict=True):
+                torch.sub(param, ref, out=own)  # q_i = bf16(x_i - r): one rounding
             sent = updates.total
             sent.copy_(updates.own)
+        else:
+            torch._foreach_copy_(bucket.views, bucket.params)
         with self._explain_failure(step, "start"):
             bucket.handle = self.communicator.group_sum(sent, group)
         self.stats.bytes_sent += sent.numel() * sent.element_size()
@@ -791,6 +793,7 @@ class _UpdateExchange:
     ref: Tensor  # (numel,) in the parameters' dtype: r, the reference point alike on the group
     ref_views: list[Tensor]  # views of ``ref`` shaped like the bucket's parameters (their state)
     own: Tensor  # (numel,) bfloat16: q_i = bf16(x_i - r), as sent
+    own_views: list[Tensor]  # views of ``own`` shaped like the bucket's parameters
     total: Tensor  # (numel,) bfloat16: q_i sent, the group's sum S received
     whole: bool = False  # the next exchange sends the parameters (r was not in a loaded state)
 
@@ -799,7 +802,8 @@ class _UpdateExchange:
         flat = bucket.buffer
         ref = torch.empty_like(flat)
         own = torch.empty(flat.numel(), dtype=torch.bfloat16, device=flat.device)
-        return cls(ref, views_like(ref, bucket.params), own, torch.empty_like(own))
+        params = bucket.params
+        return cls(ref, views_like(ref, params), own, views_like(own, params), torch.empty_like(own))
 
 
 @dataclass(eq=False)
