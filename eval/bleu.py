@@ -49,7 +49,16 @@ from recipes.common.run import list_checkpoints
 from recipes.translation.data import DataError as TextError
 from recipes.translation.data import read_split
 
-__all__ = ["evaluate", "load_model", "score", "translate"]
+__all__ = [
+    "BEAM", "LENGTH_PENALTY", "MAX_LEN_B", "MAX_TOKENS", "evaluate", "load_model", "score", "translate",
+]  # fmt: skip
+
+# Decoding defaults (the paper's beam and length penalty), shared by the CLI, ``evaluate`` and
+# ``translate``'s other callers (benchmarks.parity.workers --bleu) so that every BLEU decodes alike.
+BEAM = 4
+LENGTH_PENALTY = 0.6
+MAX_LEN_B = 50  # at most source length + this many new tokens
+MAX_TOKENS = 16000  # beams x source tokens per batch
 
 
 def load_model(checkpoint: Path, average_last: int, dtype: torch.dtype) -> tuple[Any, Any, list[Path]]:
@@ -86,10 +95,10 @@ def translate(
     tokenizer: Any,
     sources: list[str],
     *,
-    beam: int,
-    length_penalty: float,
-    max_len_b: int,
-    max_tokens: int,
+    beam: int = BEAM,
+    length_penalty: float = LENGTH_PENALTY,
+    max_len_b: int = MAX_LEN_B,
+    max_tokens: int = MAX_TOKENS,
     device: str,
 ) -> list[str]:
     """Hypotheses in the order of ``sources``: sorted by length, batched by beams x tokens, beam search."""
@@ -152,10 +161,10 @@ def evaluate(
     src: str,
     tgt: str,
     *,
-    beam: int = 4,
-    length_penalty: float = 0.6,
-    max_len_b: int = 50,
-    max_tokens: int = 16000,
+    beam: int = BEAM,
+    length_penalty: float = LENGTH_PENALTY,
+    max_len_b: int = MAX_LEN_B,
+    max_tokens: int = MAX_TOKENS,
     average_last: int = 0,
     prefix: str = "",
     limit: int = 0,
@@ -213,10 +222,19 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", default="test", help="split to translate (default: test)")
     parser.add_argument("--src", required=True, help="source language suffix, e.g. en")
     parser.add_argument("--tgt", required=True, help="target language suffix, e.g. de")
-    parser.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
-    parser.add_argument("--length-penalty", type=float, default=0.6, help="score / length**lp (default 0.6)")
-    parser.add_argument("--max-len-b", type=int, default=50, help="at most source length + this new tokens")
-    parser.add_argument("--max-tokens", type=int, default=16000, help="beams x source tokens per batch")
+    parser.add_argument("--beam", type=int, default=BEAM, help=f"beam size (default {BEAM})")
+    parser.add_argument(
+        "--length-penalty", type=float, default=LENGTH_PENALTY,
+        help=f"score / length**lp (default {LENGTH_PENALTY})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-len-b", type=int, default=MAX_LEN_B,
+        help=f"at most source length + this many new tokens (default {MAX_LEN_B})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-tokens", type=int, default=MAX_TOKENS,
+        help=f"beams x source tokens per batch (default {MAX_TOKENS})",
+    )  # fmt: skip
     parser.add_argument(
         "--average-last", type=int, default=0, metavar="K", help="average the run's last K checkpoints"
     )

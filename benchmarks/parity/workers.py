@@ -13,10 +13,10 @@ The validation loss is that of the exact average of the ranks' weights, as the r
         --steps 400 --optimizer decentralized --out runs/workers/dec-16.json optim.lr=2e-3
 
 ``--bleu`` scores the final exact average on the preset's test split with ``eval.bleu``'s beam search
-and sacreBLEU (its defaults: beam 4, length penalty 0.6), as the recipe's BLEU command scores a
-checkpoint. ``--diagnose`` (All-Reduce only) also keeps every rank's shadow Adam moments, from its own
-gradient, and every ``--diagnose-every`` steps logs per parameter group how the per-rank
-normalisation changes All-Reduce's step (H1: its length, H2: its direction).
+(its decoding defaults: beam 4, length penalty 0.6) and sacreBLEU, as the recipe's BLEU command
+scores a checkpoint. ``--diagnose`` (All-Reduce only) also keeps every rank's shadow Adam
+moments, from its own gradient, and every ``--diagnose-every`` steps logs per parameter group how
+the per-rank normalisation changes All-Reduce's step (H1: its length, H2: its direction).
 """
 
 from __future__ import annotations
@@ -331,10 +331,7 @@ def test_bleu(world: Workers, model: nn.Module, cfg: config.Config) -> dict[str,
     d = cfg.data
     sources, references = data.read_split(d.path, d.test_split, d.src, d.tgt)
     model.eval()
-    hypotheses = translate(
-        model, world.tokenizer, sources, beam=4, length_penalty=0.6, max_len_b=50, max_tokens=16000,
-        device=str(world.device),
-    )  # fmt: skip
+    hypotheses = translate(model, world.tokenizer, sources, device=str(world.device))  # eval.bleu's defaults
     model.train()
     return {"split": d.test_split, "sentences": len(sources), **score(hypotheses, references)}
 
