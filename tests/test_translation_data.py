@@ -235,6 +235,23 @@ def test_compare_report_keeps_the_other_run_only_when_the_arguments_match(tmp_pa
     assert compare.start_report(tmp_path / "missing", header) == {**header, "runs": {}}
 
 
+def test_compare_summary_gives_the_steps_to_reach_all_reduces_losses() -> None:
+    def run(curve: list[tuple[int, float]]) -> dict[str, object]:
+        points = [{"step": s, "valid_nll": v, "train_seconds": 2.0 * s} for s, v in curve]
+        return {"bleu": 1.0, "chrf": 2.0, "bleu_signature": "sig", "final_valid_nll": points[-1]["valid_nll"],
+                "train_seconds": 800.0, "wall_seconds": 900.0, "curve": points}  # fmt: skip
+
+    allreduce = run([(100, 1.341), (200, 0.068), (300, 0.042), (400, 0.035)])
+    decentralized = run([(100, 1.369), (200, 0.067), (300, 0.040), (400, 0.044)])
+    lines = compare.summary({"runs": {"allreduce": allreduce, "decentralized": decentralized}}).splitlines()
+
+    assert lines[-3].split(maxsplit=1)[1].strip() == "+0.028 / -0.001 / -0.002 / +0.009"
+    assert lines[-2].startswith("steps to reach All-Reduce (DDP + AdamW)'s valid nll")
+    # 1.341 is crossed 2.2 steps after step 100 on the chord to 0.067; 0.068 just before step 200;
+    # 0.042 between 200 and 300; 0.035 never (0.040 is the lowest)
+    assert lines[-1].split(maxsplit=2)[-1] == "102 (1.02x) / 200 (1.00x) / 293 (0.98x) / not reached"
+
+
 def test_compare_plot_draws_each_run_against_time_and_steps(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the report's plot needs matplotlib (pip install '.[bench]')")
     from tests.pictures import assert_drawn

@@ -10,6 +10,9 @@ from typing import Any
 
 from benchmarks.thresholds import MODEL_TOLERANCE, TTQ_BLEU_GAP, TTQ_TIME_RATIO
 from benchmarks.time_to_quality.methods import BASELINE, METHODS
+from recipes.translation.compare import time_to_reach
+
+__all__ = ["comm_wait_ms", "levels", "ratio", "steady_ms_per_iter", "time_to_reach"]
 
 
 def steady_ms_per_iter(points: Sequence[dict[str, float]]) -> float | None:
@@ -36,23 +39,6 @@ def comm_wait_ms(run: Path) -> float | None:
         if "decentadam/comm_wait_ms" in accumulator.Tags()["scalars"]:
             values += [event.value for event in accumulator.Scalars("decentadam/comm_wait_ms")]
     return statistics.fmean(values) if values else None
-
-
-def time_to_reach(
-    points: Sequence[dict[str, float]], target: float, key: str = "train_seconds"
-) -> float | None:
-    """Training seconds (or another ``key`` of the points, e.g. ``step``) at which the validation loss
-    first reaches ``target``, linearly interpolated between evaluations; the first evaluation's value
-    if it is already there; None if never."""
-    previous: dict[str, float] | None = None
-    for point in points:
-        if point["valid_nll"] <= target:
-            if previous is None:
-                return point[key]
-            fraction = (previous["valid_nll"] - target) / (previous["valid_nll"] - point["valid_nll"])
-            return previous[key] + fraction * (point[key] - previous[key])
-        previous = point
-    return None
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

@@ -33,6 +33,8 @@ from recipes.common.launch import accelerate_launch, environment, run_logged
 from recipes.translation import config
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from matplotlib.figure import Figure
 
 OPTIMIZERS = ("allreduce", "decentralized")
@@ -67,6 +69,23 @@ def bleu(
 def curve(run: Path) -> list[dict[str, float]]:
     path = run / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def time_to_reach(
+    points: Sequence[dict[str, float]], target: float, key: str = "train_seconds"
+) -> float | None:
+    """Training seconds (or another ``key`` of the points, e.g. ``step``) at which the validation loss
+    first reaches ``target``, linearly interpolated between evaluations; the first evaluation's value
+    if it is already there; None if never."""
+    previous: dict[str, float] | None = None
+    for point in points:
+        if point["valid_nll"] <= target:
+            if previous is None:
+                return point[key]
+            fraction = (previous["valid_nll"] - target) / (previous["valid_nll"] - point["valid_nll"])
+            return previous[key] + fraction * (point[key] - previous[key])
+        previous = point
+    return None
 
 
 def plot_curves(
@@ -189,7 +208,21 @@ def summary(report: dict[str, Any]) -> str:
             f"  {LABELS[name]:30s} " + " / ".join(f"{c[s]:.3f}" for s in steps) for name, c in curves.items()
         ]
         lines.append(f"  {'difference':30s} " + " / ".join(f"{b[s] - a[s]:+.3f}" for s in steps))
+        (first, a_run), (second, b_run) = report["runs"].items()
+        lines.append(f"steps to reach {LABELS[first]}'s valid nll at each (linear between evaluations)")
+        lines.append(f"  {LABELS[second]:30s} " + steps_to_reach(a_run, b_run))
     return "\n".join(lines)
+
+
+def steps_to_reach(first: dict[str, Any], second: dict[str, Any]) -> str:
+    """At each of the first run's evaluations, the step at which the second run first reaches that
+    validation loss (linear between its evaluations), and the ratio of the two step counts: on the
+    first run's curve is 1.00x, whatever the loss's slope there."""
+    cells = []
+    for point in (p for p in first["curve"] if p["step"] > 0):
+        reached = time_to_reach(second["curve"], point["valid_nll"], key="step")
+        cells.append("not reached" if reached is None else f"{reached:.0f} ({reached / point['step']:.2f}x)")
+    return " / ".join(cells)
 
 
 def main() -> None:
