@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,8 @@ def test_every_method_on_aers_graph_is_judged_and_bleu_only_in_all_reduces_time(
     label = METHODS["aer-node"].label
     by_goal = {g["goal"]: g for g in report["goals"]}
     assert len(report["goals"]) == 6  # three for aer, three for aer-node; none for complete
+    report["runs"]["complete-node-bf16"] = dict(node)
+    assert len(curves.goals(report["runs"])) == 9  # and three for the nodes on complete at aer's bytes
     reached = by_goal[f"{label}: reaches All-Reduce's final validation loss in <= 0.6x its time"]
     assert reached["met"] and reached["measured"] == "0.58x"
     bleu = by_goal[f"{label}: BLEU within 0.5 of All-Reduce's in no more training time"]
@@ -510,4 +513,11 @@ def test_the_node_averaged_method_asks_the_runtime_model_for_its_node_sums(tmp_p
     assert node["inter_mb"] == pytest.approx(plain["inter_mb"])  # nothing more crosses the nodes
     assert node["comm_ms"] > plain["comm_ms"]  # the node's all-reduce of g and g**2
     assert "optim.intra_node=all_reduce" in METHODS["aer-node"].args
+    # the nodes on complete with bfloat16 updates: aer's inter-node bytes, every step instead of every other
+    bf16 = rates.predictions(METHODS["complete-node-bf16"], calibration | {"params": 7.5e6}, cluster)
+    fp32 = rates.predictions(replace(METHODS["complete-node-bf16"], bf16_updates=False), calibration, cluster)
+    assert bf16["inter_mb"] == pytest.approx(node["inter_mb"]) and fp32["inter_mb"] == pytest.approx(
+        2 * node["inter_mb"]
+    )
+    assert "optim.exchange=bf16_updates" in METHODS["complete-node-bf16"].args
     assert parse_args(["--data", str(tmp_path)]).methods == ("allreduce", "aer", "complete")

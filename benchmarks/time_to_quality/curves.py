@@ -110,15 +110,16 @@ def analyse(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def goals(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The checks of each method on AER's graph (``aer``, ``aer-node``) against All-Reduce
-    (benchmarks.thresholds; empty without All-Reduce's run)."""
+    """The checks of each judged method (``aer``, ``aer-node``, ``complete-node-bf16``: those at
+    ``aer``'s inter-node bytes) against All-Reduce (benchmarks.thresholds; empty without All-Reduce's
+    run)."""
     base = runs.get(BASELINE)
     if base is None:
         return []
     found = []
     for name, run in runs.items():
         method = METHODS.get(name)
-        if method is not None and method.model == "aer":
+        if method is not None and method.judged:
             found += _goals_of(method.label, run, base)
     return found
 

@@ -28,13 +28,21 @@ class Method:
     """What the recipe's ``train`` gets to run it."""
     workload: dict[str, Any] = field(default_factory=dict)
     """Fields of the runtime model's ``Workload`` that the method sets (its own options)."""
+    bf16_updates: bool = False
+    """Whether it sends bfloat16 updates (``exchange="bf16_updates"``): the runtime model's
+    ``update_values`` is then the model's parameter count, known after calibration."""
+    judged: bool = False
+    """Whether the report checks it against issue 21's time-to-quality goals (the methods at
+    ``aer``'s inter-node bytes)."""
 
 
 METHODS = {
     m.name: m
     for m in (
         Method("allreduce", "All-Reduce (DDP + AdamW)", ALLREDUCE, ("--optimizer", "allreduce")),
-        Method("aer", "AccumAdam-AER", "aer", ("--optimizer", "decentralized", "optim.topology=aer")),
+        Method(
+            "aer", "AccumAdam-AER", "aer", ("--optimizer", "decentralized", "optim.topology=aer"), judged=True
+        ),
         Method(
             "complete",
             "AccumAdam-complete",
@@ -53,6 +61,23 @@ METHODS = {
                 "optim.second_moment=group_gradient",
             ),
             {"intra_node": "all_reduce"},
+            judged=True,
+        ),
+        Method(
+            "complete-node-bf16",
+            "DecentralizedAdam-complete over nodes, bf16 updates",
+            "complete",
+            (
+                "--optimizer",
+                "decentralized",
+                "optim.topology=complete",
+                "optim.intra_node=all_reduce",
+                "optim.second_moment=group_gradient",
+                "optim.exchange=bf16_updates",
+            ),
+            {"intra_node": "all_reduce"},
+            bf16_updates=True,
+            judged=True,
         ),
     )
 }

@@ -66,6 +66,7 @@ def predictions(method: Method, calibration: dict[str, Any], model_cluster: Clus
         allreduce_update_s=calibration["adamw_s"],
         bucket_bytes=BUCKET_BYTES,
         hierarchical=True,  # DecentralizedAdam on gloo sums multi-node groups in three phases
+        update_values=calibration["params"] if method.bf16_updates else 0.0,
         **method.workload,
     )
     overlapped = predict(method.model, model_cluster, work)
