@@ -1,4 +1,5 @@
-"""benchmarks.parity.workers --bleu: the simulated run scores its final average as eval.bleu does."""
+"""benchmarks.parity.workers: --bleu scores the final average as eval.bleu does; the recipe's optim
+settings reach the simulated ranks' optimizers."""
 
 from __future__ import annotations
 
@@ -48,3 +49,23 @@ def test_without_bleu_nothing_is_decoded(tmp_path: Path) -> None:
         "--optimizer", "allreduce", "--out", str(out), f"data.cache_dir={tmp_path / 'cache'}", *TINY,
     ])  # fmt: skip
     assert json.loads(out.read_text())["test"] is None
+
+
+def test_the_simulated_ranks_send_bf16_updates_when_asked(tmp_path: Path) -> None:
+    """optim.exchange reaches every simulated rank's DecentralizedAdam: bfloat16 updates from a shared
+    reference round each step's update once, so the curve moves off the float32 exchange's, a little."""
+    corpus = synthetic.write(tmp_path / "corpus", train=200, val=16, test=6)
+    curves = {}
+    for exchange in ("parameters", "bf16_updates"):
+        out = tmp_path / f"{exchange}.json"
+        workers.main([
+            "--preset", "demo-synthetic-en-de", "--data", str(corpus), "--workers", "4", "--steps", "3",
+            "--eval-every", "1", "--optimizer", "decentralized", "--out", str(out),
+            f"data.cache_dir={tmp_path / 'cache'}", *TINY, "optim.intra_node=all_reduce",
+            "optim.second_moment=group_gradient", "optim.topology=complete", f"optim.exchange={exchange}",
+        ])  # fmt: skip
+        result = json.loads(out.read_text())
+        assert result["config"]["optim"]["exchange"] == exchange
+        curves[exchange] = [p["valid_nll"] for p in result["curve"]]
+    assert curves["bf16_updates"] != curves["parameters"]
+    assert curves["bf16_updates"] == pytest.approx(curves["parameters"], rel=1e-3)

@@ -87,6 +87,19 @@ SCREENS: dict[str, dict[str, tuple[list[str], dict[str, str]]]] = {
             for seed in (1, 2)
         },
     },
+    # the chosen setting (the nodes on complete with bfloat16 updates, aer's inter-node bytes) with
+    # four seeds on En-De and two on En-Fr, beside All-Reduce with the same seeds, with --bleu
+    "bf16-seeds-1200": {
+        **{
+            f"{lang}-{name}-s{seed}": run(lang, optimizer, *extra, f"train.seed={seed}")
+            for lang, seeds in (("de", (1, 2, 3, 4)), ("fr", (1,)))
+            for name, optimizer, extra in (
+                ("ar", "allreduce", ()),
+                ("node-bf16", "decentralized", ("optim.topology=complete", "optim.exchange=bf16_updates")),
+            )
+            for seed in seeds
+        },
+    },
 }
 
 

@@ -248,6 +248,7 @@ def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
                     v_every=o.v_every if o.second_moment == "group_gradient" and not node_sums else None,
                     intra_node=o.intra_node,  # type: ignore[arg-type]
                     topology=o.topology,
+                    exchange=o.exchange,  # type: ignore[arg-type]
                     local_world_size=nodes_of,
                     communicator=cluster.communicator(rank),
                 )
