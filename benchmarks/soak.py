@@ -161,6 +161,12 @@ def soak(rank: int, mode: str, steps: int, sample_every: int, a2cid2_step_ms: fl
         if step % sample_every == 0:
             samples.append(sample(step, optimizer.stats.exchanges))
     exchanges = optimizer.stats.exchanges
+    if mode != "a2cid2":
+        # every rank has taken its last sample before any closes: a peer's close() shuts connections
+        # to this rank, which a later sample would count as descriptors gone (seen on a loaded
+        # machine: rank 0 one socket short at its last sample). A2CiD2's ranks step on their own
+        # clocks and are not held here.
+        dist.barrier()
     optimizer.close()
     closed = sample(steps, exchanges)
     del optimizer, model
