@@ -701,13 +701,26 @@ class DecentralizedAdam(Optimizer):
             "step": self._step,
             "second_moment": self.second_moment,
             "v_every": self._v_every,
-            "intra_node": self.intra_node,
-            "exchange": self.exchange,
+            **self._groups_layout(),
+        }
+        return state
+
+    def _same_groups(self, extra: dict[str, Any]) -> bool:
+        """Whether a state's saved layout is this optimizer's (keys that older states lack count as
+        the defaults they were saved with)."""
+        saved = {"local_world_size": None, "intra_node": "gossip", "exchange": "parameters", **extra}
+        return all(saved.get(key) == value for key, value in self._groups_layout().items())
+
+    def _groups_layout(self) -> dict[str, Any]:
+        """What decides the groups a rank exchanges with, and so whom ``exchange="bf16_updates"``'s
+        r is shared with (saved in the state; a state whose layout differs resumes without its r)."""
+        return {
             "topology": self.topology.name,
             "world_size": self.world_size,
             "local_world_size": self.topology.local_world_size,
+            "intra_node": self.intra_node,
+            "exchange": self.exchange,
         }
-        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load this rank's state; the next step first exchanges the (possibly diverse) parameters."""
@@ -747,20 +760,7 @@ class DecentralizedAdam(Optimizer):
         self.wait_for_exchanges()
         # r is shared by the group the state was saved in: another layout of groups, or no r, takes
         # one exchange of the whole parameters instead (then r is their mean)
-        same_groups = extra is not None and (
-            extra["world_size"],
-            extra["topology"],
-            extra.get("local_world_size"),
-            extra.get("intra_node", "gossip"),
-            extra.get("exchange", "parameters"),
-        ) == (
-            self.world_size,
-            self.topology.name,
-            self.topology.local_world_size,
-            self.intra_node,
-            self.exchange,
-        )
-        self._load_references(same_groups)
+        self._load_references(extra is not None and self._same_groups(extra))
         for bucket in self._buckets:
             bucket.pending_size = 0
         # Step 0 does not mix (construction made every rank equal), so a state saved before the first

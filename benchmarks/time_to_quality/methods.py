@@ -28,12 +28,15 @@ class Method:
     """What the recipe's ``train`` gets to run it."""
     workload: dict[str, Any] = field(default_factory=dict)
     """Fields of the runtime model's ``Workload`` that the method sets (its own options)."""
-    bf16_updates: bool = False
-    """Whether it sends bfloat16 updates (``exchange="bf16_updates"``): the runtime model's
-    ``update_values`` is then the model's parameter count, known after calibration."""
     judged: bool = False
     """Whether the report checks it against issue 21's time-to-quality goals (the methods at
     ``aer``'s inter-node bytes)."""
+
+    @property
+    def bf16_updates(self) -> bool:
+        """Whether it sends bfloat16 updates (``optim.exchange=bf16_updates``): the runtime model's
+        ``update_values`` is then the model's parameter count, known after calibration."""
+        return "optim.exchange=bf16_updates" in self.args
 
 
 METHODS = {
@@ -76,7 +79,6 @@ METHODS = {
                 "optim.exchange=bf16_updates",
             ),
             {"intra_node": "all_reduce"},
-            bf16_updates=True,
             judged=True,
         ),
     )
