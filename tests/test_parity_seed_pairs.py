@@ -80,6 +80,7 @@ def test_differences_means_and_targets(tmp_path: Path, capsys: pytest.CaptureFix
         ("cmp.json:average", "name one of this comparison's runs after ':' (allreduce)"),
         ("one.json:allreduce", "holds one run, not a comparison: give it without ':allreduce'"),
         ("empty.json", "no validation NLL in its curve"),
+        ("stopped.log", "no validation NLL in this log (did the run reach an evaluation?)"),
     ],
 )
 def test_bad_runs_are_errors_that_say_what_to_give(
@@ -88,6 +89,7 @@ def test_bad_runs_are_errors_that_say_what_to_give(
     (tmp_path / "cmp.json").write_text(json.dumps({"runs": {"allreduce": {"curve": [], "bleu": 1.0}}}))
     write_report(tmp_path / "one.json", {400: 3.0}, 30.0)
     write_report(tmp_path / "empty.json", {}, 30.0)
+    (tmp_path / "stopped.log").write_text("starting\n")
     good = write_report(tmp_path / "good.json", {400: 3.0}, 30.0)
     with pytest.raises(SystemExit):
         seed_pairs.main(["--pair", str(tmp_path / spec), good])

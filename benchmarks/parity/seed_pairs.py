@@ -48,7 +48,10 @@ def load(spec: str) -> Run:
     if not path.is_file():
         raise ValueError(f"{spec}: no such file (give a report.json, report.json:RUN or a screen's NAME.log)")
     if path.suffix == ".log":
-        return Run(f"{path.parent.name}/{path.stem}", read_curve(path), read_bleu(path), None)
+        curve = read_curve(path)
+        if not curve:
+            raise ValueError(f"{spec}: no validation NLL in this log (did the run reach an evaluation?)")
+        return Run(f"{path.parent.name}/{path.stem}", curve, read_bleu(path), None)
     report = json.loads(path.read_text())
     runs = report.get("runs")
     if runs is not None:
