@@ -102,3 +102,17 @@ def test_pairs_without_a_common_step_are_an_error(tmp_path: Path, capsys: pytest
     with pytest.raises(SystemExit):
         seed_pairs.main(["--pair", early, late])
     assert "the pairs have no evaluation step in common" in capsys.readouterr().err
+
+
+def test_a_target_step_that_a_pair_lacks_is_not_judged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    full = [
+        write_report(tmp_path / f"{n}.json", {400: v, 1200: v - 1}, None)
+        for n, v in (("a", 3.08), ("b", 3.0))
+    ]
+    short = [write_report(tmp_path / f"{n}.json", {400: 3.0}, None) for n in ("c", "d")]
+    seed_pairs.main(["--pair", *full, "--pair", *short])
+    printed = capsys.readouterr().out
+    assert "- step 400 within 0.05 nats: met on the mean (+0.040); 1 of 2 runs within it" in printed
+    assert "- step 1200: not in every pair's curves, not judged" in printed  # not judged on pair 1 alone

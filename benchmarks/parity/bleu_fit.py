@@ -43,27 +43,51 @@ class Fit:
         return self.slope * nll + self.intercept
 
 
+@dataclass(frozen=True)
+class Run:
+    """One run's validation curve and scores, from a screen's log or a recipe report."""
+
+    name: str  # where it came from: FOLDER/FILE, with :RUN for a comparison's run
+    curve: dict[int, float]  # step -> validation NLL
+    bleu: float | None
+    chrf: float | None
+
+
+def log_run(log: Path) -> Run:
+    """A screen's run (``benchmarks.parity.screen``: ``NAME.log``; its logs have no chrF)."""
+    return Run(f"{log.parent.name}/{log.stem}", read_curve(log), read_bleu(log), None)
+
+
+def report_runs(path: Path) -> dict[str, Run]:
+    """A recipe report's runs by name: a comparison's ``runs``, or its one run under ``""``."""
+    report = json.loads(path.read_text())
+    runs: dict[str, Any] = report.get("runs", {"": report})
+    return {
+        name: Run(
+            f"{path.parent.name}/{path.stem}" + (f":{name}" if name else ""),
+            {int(p["step"]): float(p["valid_nll"]) for p in run.get("curve", []) if "valid_nll" in p},
+            None if run.get("bleu") is None else float(run["bleu"]),
+            None if run.get("chrf") is None else float(run["chrf"]),
+        )
+        for name, run in runs.items()
+    }
+
+
+def _point(run: Run) -> Point | None:
+    """The run's final validation NLL and BLEU, if it has both."""
+    if not run.curve or run.bleu is None:
+        return None
+    return Point(run.name, run.curve[max(run.curve)], run.bleu)
+
+
 def screen_points(directory: Path) -> list[Point]:
     """Every run of a screen whose log ends with a BLEU line."""
-    points = []
-    for log in sorted(directory.glob("*.log")):
-        curve, bleu = read_curve(log), read_bleu(log)
-        if curve and bleu is not None:
-            points.append(Point(f"{directory.name}/{log.stem}", curve[max(curve)], bleu))
-    return points
+    return [p for log in sorted(directory.glob("*.log")) if (p := _point(log_run(log))) is not None]
 
 
 def report_points(path: Path) -> list[Point]:
     """A recipe report's run (``curve`` and ``bleu``) or each run of a comparison's ``runs``."""
-    report = json.loads(path.read_text())
-    runs: dict[str, Any] = report.get("runs", {"": report})
-    points = []
-    for name, run in runs.items():
-        curve = [p for p in run.get("curve", []) if "valid_nll" in p]
-        if curve and run.get("bleu") is not None:
-            label = f"{path.parent.name}/{path.stem}" + (f":{name}" if name else "")
-            points.append(Point(label, curve[-1]["valid_nll"], float(run["bleu"])))
-    return points
+    return [p for run in report_runs(path).values() if (p := _point(run)) is not None]
 
 
 def fit(points: list[Point]) -> Fit:

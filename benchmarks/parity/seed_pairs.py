@@ -19,25 +19,15 @@ A run is a recipe report (``report.json``: one run; ``report.json:NAME``: run NA
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.parity.bleu_fit import BLEU_GAP
-from benchmarks.parity.screen import read_bleu, read_curve
+from benchmarks.parity.bleu_fit import BLEU_GAP, Run, log_run, report_runs
 
 NLL_GAP = 0.05
 """Issue 21's target: validation NLL within this of All-Reduce's at TARGET_STEPS."""
 TARGET_STEPS = (400, 1200)
-
-
-@dataclass(frozen=True)
-class Run:
-    name: str
-    curve: dict[int, float]  # step -> validation NLL
-    bleu: float | None
-    chrf: float | None
 
 
 def load(spec: str) -> Run:
@@ -48,28 +38,18 @@ def load(spec: str) -> Run:
     if not path.is_file():
         raise ValueError(f"{spec}: no such file (give a report.json, report.json:RUN or a screen's NAME.log)")
     if path.suffix == ".log":
-        curve = read_curve(path)
-        if not curve:
+        run = log_run(path)
+        if not run.curve:
             raise ValueError(f"{spec}: no validation NLL in this log (did the run reach an evaluation?)")
-        return Run(f"{path.parent.name}/{path.stem}", curve, read_bleu(path), None)
-    report = json.loads(path.read_text())
-    runs = report.get("runs")
-    if runs is not None:
-        if run_name not in runs:
-            raise ValueError(f"{spec}: name one of this comparison's runs after ':' ({', '.join(runs)})")
-        run, label = runs[run_name], f"{path.parent.name}/{path.stem}:{run_name}"
-    elif run_name:
+        return run
+    runs = report_runs(path)
+    if "" in runs and run_name:
         raise ValueError(f"{spec}: {path} holds one run, not a comparison: give it without ':{run_name}'")
-    else:
-        run, label = report, f"{path.parent.name}/{path.stem}"
-    curve = {int(p["step"]): float(p["valid_nll"]) for p in run.get("curve", []) if "valid_nll" in p}
-    if not curve:
+    if run_name not in runs:
+        raise ValueError(f"{spec}: name one of this comparison's runs after ':' ({', '.join(runs)})")
+    if not runs[run_name].curve:
         raise ValueError(f"{spec}: no validation NLL in its curve")
-    return Run(label, curve, _number(run.get("bleu")), _number(run.get("chrf")))
-
-
-def _number(value: object) -> float | None:
-    return None if value is None else float(value)  # type: ignore[arg-type]
+    return runs[run_name]
 
 
 @dataclass(frozen=True)
@@ -129,10 +109,10 @@ def render(pairs: list[Pair]) -> str:
 def _targets(pairs: list[Pair]) -> list[str]:
     lines = []
     for step in TARGET_STEPS:
-        gaps = [p.nll_gap(step) for p in pairs if step in p.steps]
-        if not gaps:
-            lines.append(f"- step {step}: not in every pair's curve, not judged")
+        if not all(step in p.steps for p in pairs):
+            lines.append(f"- step {step}: not in every pair's curves, not judged")
             continue
+        gaps = [p.nll_gap(step) for p in pairs]
         met = sum(g <= NLL_GAP for g in gaps)
         mean = statistics.fmean(gaps)
         verdict = "met" if mean <= NLL_GAP else f"missed by {mean - NLL_GAP:.3f}"
