@@ -306,6 +306,72 @@ def node_exact_v_worker(rank: int, world_size: int, every: int) -> dict[str, Any
     return {"node_means": node_means, "group_sqs": group_sqs}
 
 
+def node_shared_a_worker(rank: int, world_size: int, every: int) -> dict[str, Any]:
+    import os
+
+    from benchmarks.parity.node_shared_a import NodeSharedAAdam
+
+    os.environ["DECENTADAM_SHARED_A_EVERY"] = str(every)
+    model = make_model()
+    optimizer = NodeSharedAAdam(
+        model.parameters(),
+        lr=LR,
+        betas=BETAS,
+        eps=EPS,
+        topology="complete",
+        intra_node="all_reduce",
+        second_moment="group_gradient",
+        local_world_size=2,
+    )
+    own_grads, group_sqs = [], []
+    for step in range(4):
+        generator = torch.Generator().manual_seed(100 * rank + step)
+        optimizer.zero_grad()
+        loss_of(model, torch.randn(8, 4, generator=generator, dtype=torch.float64)).backward()
+        own_grads.append([p.grad.clone() for p in model.parameters()])
+        optimizer.step()
+        group_sqs.append([optimizer.state[p]["group_sq"].clone() for p in model.parameters()])
+    optimizer.close()
+    return {"own_grads": own_grads, "group_sqs": group_sqs}
+
+
+def node_z(results: list[dict[str, Any]], node: int, step: int, index: int) -> torch.Tensor:
+    """The group-gradient sample of a node of 2 ranks out of 4: gbar^2 - (mean g^2 - gbar^2) / 2."""
+    g = [results[2 * node + i]["own_grads"][step][index] for i in range(2)]
+    mean = (g[0] + g[1]) / 2
+    spread = (g[0].square() + g[1].square()) / 2 - mean.square()
+    return mean.square() - spread * (0.5 - 0.25) / 0.5
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_node_shared_a_averages_the_nodes_second_moment_every_k_steps(every: int) -> None:
+    """Each node folds its own z into A; after every k-th step A is the nodes' mean (bf16-rounded),
+    the same on all ranks; between averages the two nodes' A differ."""
+    results = run_distributed(node_shared_a_worker, 4, every)
+    beta2 = BETAS[1]
+    for index in range(len(results[0]["own_grads"][0])):
+        held = [torch.zeros_like(results[0]["group_sqs"][0][index]) for _ in range(2)]  # per node
+        for step in range(4):
+            own = [beta2 * held[node] + (1 - beta2) * node_z(results, node, step, index) for node in range(2)]
+            for rank, result in enumerate(results):
+                assert torch.equal(
+                    result["group_sqs"][step][index], results[rank - rank % 2]["group_sqs"][step][index]
+                )
+            if (step + 1) % every:
+                for node in range(2):
+                    torch.testing.assert_close(results[2 * node]["group_sqs"][step][index], own[node])
+                assert not torch.allclose(
+                    results[0]["group_sqs"][step][index], results[2]["group_sqs"][step][index]
+                )
+                held = own
+                continue
+            mean = (own[0].to(torch.bfloat16).double() + own[1].to(torch.bfloat16).double()) / 2
+            for result in results:
+                torch.testing.assert_close(result["group_sqs"][step][index], mean, rtol=2**-7, atol=1e-30)
+                assert torch.equal(result["group_sqs"][step][index], results[0]["group_sqs"][step][index])
+            held = [results[0]["group_sqs"][step][index]] * 2
+
+
 def exact_sample(results: list[dict[str, Any]], step: int, index: int) -> torch.Tensor:
     """The all-rank mean of the nodes' bfloat16-rounded mean gradients, squared."""
     rounded = [r["node_means"][step][index].to(torch.bfloat16).float() for r in results]
