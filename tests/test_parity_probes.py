@@ -277,43 +277,21 @@ def test_point_shift_moves_the_gradient_point_by_beta1_times_the_last_deviation(
         torch.testing.assert_close(total, (shifted[0]["sent"][step] + shifted[1]["sent"][step]) / 2)
 
 
-def node_exact_v_worker(rank: int, world_size: int, every: int) -> dict[str, Any]:
+def node_probe_worker(rank: int, world_size: int, probe: str, every: int) -> dict[str, Any]:
+    """Three or four steps of a node probe on 2 nodes x 2: each rank's own gradient, the node's mean
+    gradient the step leaves in ``.grad``, and ``A`` after each step."""
     import os
 
     from benchmarks.parity.node_exact_v import NodeExactVAdam
-
-    os.environ["DECENTADAM_EXACT_V_EVERY"] = str(every)
-    model = make_model()
-    optimizer = NodeExactVAdam(
-        model.parameters(),
-        lr=LR,
-        betas=BETAS,
-        eps=EPS,
-        topology="complete",
-        intra_node="all_reduce",
-        second_moment="group_gradient",
-        local_world_size=2,
-    )
-    node_means, group_sqs = [], []
-    for step in range(3):
-        generator = torch.Generator().manual_seed(100 * rank + step)
-        optimizer.zero_grad()
-        loss_of(model, torch.randn(8, 4, generator=generator, dtype=torch.float64)).backward()
-        optimizer.step()  # leaves the node's mean gradient in .grad
-        node_means.append([p.grad.clone() for p in model.parameters()])
-        group_sqs.append([optimizer.state[p]["group_sq"].clone() for p in model.parameters()])
-    optimizer.close()
-    return {"node_means": node_means, "group_sqs": group_sqs}
-
-
-def node_shared_a_worker(rank: int, world_size: int, every: int) -> dict[str, Any]:
-    import os
-
     from benchmarks.parity.node_shared_a import NodeSharedAAdam
 
-    os.environ["DECENTADAM_SHARED_A_EVERY"] = str(every)
+    variable, optimizer_class = {
+        "exact_v": ("DECENTADAM_EXACT_V_EVERY", NodeExactVAdam),
+        "shared_a": ("DECENTADAM_SHARED_A_EVERY", NodeSharedAAdam),
+    }[probe]
+    os.environ[variable] = str(every)
     model = make_model()
-    optimizer = NodeSharedAAdam(
+    optimizer = optimizer_class(
         model.parameters(),
         lr=LR,
         betas=BETAS,
@@ -323,16 +301,17 @@ def node_shared_a_worker(rank: int, world_size: int, every: int) -> dict[str, An
         second_moment="group_gradient",
         local_world_size=2,
     )
-    own_grads, group_sqs = [], []
+    own_grads, node_means, group_sqs = [], [], []
     for step in range(4):
         generator = torch.Generator().manual_seed(100 * rank + step)
         optimizer.zero_grad()
         loss_of(model, torch.randn(8, 4, generator=generator, dtype=torch.float64)).backward()
         own_grads.append([p.grad.clone() for p in model.parameters()])
-        optimizer.step()
+        optimizer.step()  # leaves the node's mean gradient in .grad
+        node_means.append([p.grad.clone() for p in model.parameters()])
         group_sqs.append([optimizer.state[p]["group_sq"].clone() for p in model.parameters()])
     optimizer.close()
-    return {"own_grads": own_grads, "group_sqs": group_sqs}
+    return {"own_grads": own_grads, "node_means": node_means, "group_sqs": group_sqs}
 
 
 def node_z(results: list[dict[str, Any]], node: int, step: int, index: int) -> torch.Tensor:
@@ -347,7 +326,7 @@ def node_z(results: list[dict[str, Any]], node: int, step: int, index: int) -> t
 def test_node_shared_a_averages_the_nodes_second_moment_every_k_steps(every: int) -> None:
     """Each node folds its own z into A; after every k-th step A is the nodes' mean (bf16-rounded),
     the same on all ranks; between averages the two nodes' A differ."""
-    results = run_distributed(node_shared_a_worker, 4, every)
+    results = run_distributed(node_probe_worker, 4, "shared_a", every)
     beta2 = BETAS[1]
     for index in range(len(results[0]["own_grads"][0])):
         held = [torch.zeros_like(results[0]["group_sqs"][0][index]) for _ in range(2)]  # per node
@@ -382,7 +361,7 @@ def exact_sample(results: list[dict[str, Any]], step: int, index: int) -> torch.
 def test_node_exact_v_folds_in_the_all_rank_mean_gradient_every_k_steps(every: int) -> None:
     """k = 1: the nodes' A is All-Reduce's V of the bf16-rounded mean gradient; k = 2: the first
     step keeps the node's own estimate z, the second replaces its z by the exact sample."""
-    results = run_distributed(node_exact_v_worker, 4, every)
+    results = run_distributed(node_probe_worker, 4, "exact_v", every)
     beta2 = BETAS[1]
     for index in range(len(results[0]["node_means"][0])):
         torch.testing.assert_close(  # the nodes are replicas: ranks 0, 1 and ranks 2, 3
@@ -398,3 +377,16 @@ def test_node_exact_v_folds_in_the_all_rank_mean_gradient_every_k_steps(every: i
                     continue
                 expected = beta2 * expected + (1 - beta2) * exact_sample(results, step, index)
                 torch.testing.assert_close(result["group_sqs"][step][index], expected, rtol=1e-6, atol=1e-14)
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "two", "1.5"])
+def test_a_probe_period_that_is_not_a_positive_integer_is_an_error_naming_its_variable(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks.parity.node_shared_a import shared_every
+
+    monkeypatch.setenv("DECENTADAM_SHARED_A_EVERY", text)
+    with pytest.raises(ValueError, match=f"DECENTADAM_SHARED_A_EVERY must be an integer >= 1, got '{text}'"):
+        shared_every()
+    monkeypatch.delenv("DECENTADAM_SHARED_A_EVERY")
+    assert shared_every() == 2

@@ -20,7 +20,6 @@ Run it like the recipe::
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import torch
@@ -28,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 import decentadam
-from benchmarks.parity.recipe import run_recipe
+from benchmarks.parity.recipe import period_from_env, run_recipe
 from decentadam.optim.accum_adamw import step_group
 
 __all__ = ["NodeExactVAdam", "exact_every", "exact_v_update"]
@@ -36,14 +35,7 @@ __all__ = ["NodeExactVAdam", "exact_every", "exact_v_update"]
 
 def exact_every() -> int:
     """``DECENTADAM_EXACT_V_EVERY``: the exact sample's period in steps (an integer >= 1)."""
-    text = os.environ.get("DECENTADAM_EXACT_V_EVERY", "2")
-    try:
-        every = int(text)
-    except ValueError:
-        every = 0
-    if every < 1:
-        raise ValueError(f"DECENTADAM_EXACT_V_EVERY must be an integer >= 1, got {text!r}")
-    return every
+    return period_from_env("DECENTADAM_EXACT_V_EVERY")
 
 
 @torch.no_grad()

@@ -29,7 +29,6 @@ all-reduces it, blocking (the measurement, not the overlap). Run it like the rec
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import torch
@@ -37,7 +36,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 import decentadam
-from benchmarks.parity.recipe import run_recipe
+from benchmarks.parity.recipe import period_from_env, run_recipe
 from decentadam.optim.accum_adamw import step_group
 
 __all__ = ["NodeSharedAAdam", "average_group_sq", "shared_a_update", "shared_every"]
@@ -45,14 +44,7 @@ __all__ = ["NodeSharedAAdam", "average_group_sq", "shared_a_update", "shared_eve
 
 def shared_every() -> int:
     """``DECENTADAM_SHARED_A_EVERY``: how often, in steps, the nodes' ``A`` are averaged (>= 1)."""
-    text = os.environ.get("DECENTADAM_SHARED_A_EVERY", "2")
-    try:
-        every = int(text)
-    except ValueError:
-        every = 0
-    if every < 1:
-        raise ValueError(f"DECENTADAM_SHARED_A_EVERY must be an integer >= 1, got {text!r}")
-    return every
+    return period_from_env("DECENTADAM_SHARED_A_EVERY")
 
 
 @torch.no_grad()

@@ -2,10 +2,14 @@
 
 Each probe of this package that changes the optimizer runs the recipe through
 :func:`run_recipe`, so that it trains, evaluates and saves exactly as ``recipes.translation.train``
-does, with the probe's subclass wherever the recipe builds ``decentadam.DecentralizedAdam``.
+does, with the probe's subclass wherever the recipe builds ``decentadam.DecentralizedAdam``;
+:func:`period_from_env` reads a probe's period (``DECENTADAM_*_EVERY``) so that bad input fails
+before training starts.
 """
 
 from __future__ import annotations
+
+import os
 
 import decentadam
 
@@ -19,3 +23,15 @@ def run_recipe(optimizer_class: type[decentadam.DecentralizedAdam] | None = None
     if optimizer_class is not None:
         decentadam.DecentralizedAdam = optimizer_class  # type: ignore[misc]  # what build_optimizer builds
     cli.exit_on_bad_input(train.main, (ConfigError, data.DataError))
+
+
+def period_from_env(variable: str, default: int = 2) -> int:
+    """A probe's period in steps from the environment variable ``variable`` (an integer >= 1)."""
+    text = os.environ.get(variable, str(default))
+    try:
+        every = int(text)
+    except ValueError:
+        every = 0
+    if every < 1:
+        raise ValueError(f"{variable} must be an integer >= 1, got {text!r}")
+    return every
