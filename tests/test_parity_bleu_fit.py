@@ -52,6 +52,29 @@ def test_the_line_through_screens_and_reports(tmp_path: Path, capsys: pytest.Cap
     assert line.residual_sd == pytest.approx(float(np.sqrt((residuals**2).sum() / 1)))
 
 
+def test_single_logs_join_the_line_and_a_log_without_bleu_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    screen = tmp_path / "screen"
+    screen.mkdir()
+    write_screen_log(screen / "de-ar-s1.log", {1200: 2.0}, 40.0)
+    write_screen_log(screen / "de-node-s1.log", {1200: 2.5}, 30.5)
+    other = tmp_path / "other"
+    other.mkdir()
+    write_screen_log(other / "de-ar-s1.log", {1200: 2.0}, 40.0)  # the same run again: not given
+    write_screen_log(other / "de-new-s1.log", {1200: 3.0}, 21.0)
+    bleu_fit.main(["--screen", str(screen), "--log", str(other / "de-new-s1.log")])
+    printed = capsys.readouterr().out
+    assert printed.startswith("BLEU = -19.0 x NLL + 78.0 over 3 runs;")
+    assert "| other/de-new-s1 | 3.000 | 21.00 |" in printed and "other/de-ar-s1" not in printed
+    write_screen_log(other / "de-stopped.log", {100: 5.0}, None)
+    for missing in (other / "de-stopped.log", other / "absent.log"):
+        with pytest.raises(SystemExit):
+            bleu_fit.main(["--screen", str(screen), "--log", str(missing)])
+        error = capsys.readouterr().err
+        assert f"--log {missing}: not a screen's log with a validation NLL and a BLEU line" in error
+
+
 def test_too_few_runs_is_an_error_that_says_what_to_give(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,7 +6,12 @@ by least squares, and prints a table of every run with its residual, the residua
 the validation NLL gap that costs 0.5 BLEU on that line (issue 21's BLEU target as a loss target)::
 
     python -m benchmarks.parity.bleu_fit --screen benchmarks/results/parity_screen/seeds-1200 \\
-        --report recipes/translation/results/multi30k-en-de-node-bf16/report.json
+        --report recipes/translation/results/multi30k-en-de-node-bf16/report.json \\
+        --log benchmarks/results/parity_screen/bf16-seeds-1200/de-node-bf16-s1.log
+
+(``--log`` takes one run of a screen, for a screen that repeats runs already given: a simulated
+All-Reduce run on the GPU is bitwise the same in every screen that has it, and counting it twice
+would weigh it twice.)
 
 Give runs of one language pair and test set: the line is theirs.
 """
@@ -126,11 +131,23 @@ def main(argv: list[str] | None = None) -> None:
         "--screen", type=Path, action="append", default=[], help="a screen's OUT (repeatable)"
     )
     parser.add_argument("--report", type=Path, action="append", default=[], help="a report.json (repeatable)")
+    parser.add_argument(
+        "--log",
+        type=Path,
+        action="append",
+        default=[],
+        help="one run of a screen, NAME.log (repeatable): where its screen repeats runs given already",
+    )
     parser.add_argument("--out", type=Path, help="also write the table here")
     args = parser.parse_args(argv)
     points = [p for d in args.screen for p in screen_points(d)] + [
         p for path in args.report for p in report_points(path)
     ]
+    for log in args.log:
+        point = _point(log_run(log)) if log.is_file() else None
+        if point is None:
+            parser.error(f"--log {log}: not a screen's log with a validation NLL and a BLEU line")
+        points.append(point)
     try:
         markdown = render(points, fit(points))
     except ValueError as error:
