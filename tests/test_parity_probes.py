@@ -390,3 +390,13 @@ def test_a_probe_period_that_is_not_a_positive_integer_is_an_error_naming_its_va
         shared_every()
     monkeypatch.delenv("DECENTADAM_SHARED_A_EVERY")
     assert shared_every() == 2
+
+
+def test_a_one_point_switch_that_is_not_0_or_1_is_an_error_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from benchmarks.parity.recipe import run_recipe
+
+    monkeypatch.setenv("DECENTADAM_MEAN_WEIGHTS", "yes")
+    with pytest.raises(ValueError, match="DECENTADAM_MEAN_WEIGHTS must be 0 or 1, got 'yes'"):
+        run_recipe()

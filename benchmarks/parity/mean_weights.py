@@ -18,6 +18,7 @@ the recipe::
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -48,7 +49,8 @@ def install() -> RemovableHandle:
 
 
 def main() -> None:
-    install()
+    if os.environ.get("DECENTADAM_MEAN_WEIGHTS") != "1":  # with it, run_recipe installs the hook
+        install()
     run_recipe()
 
 

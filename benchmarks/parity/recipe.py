@@ -4,7 +4,8 @@ Each probe of this package that changes the optimizer runs the recipe through
 :func:`run_recipe`, so that it trains, evaluates and saves exactly as ``recipes.translation.train``
 does, with the probe's subclass wherever the recipe builds ``decentadam.DecentralizedAdam``;
 :func:`period_from_env` reads a probe's period (``DECENTADAM_*_EVERY``) so that bad input fails
-before training starts.
+before training starts. With ``DECENTADAM_MEAN_WEIGHTS=1`` any probe runs at one point for all
+ranks (:mod:`benchmarks.parity.mean_weights`: every rank's parameters averaged after each step).
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ def run_recipe(optimizer_class: type[decentadam.DecentralizedAdam] | None = None
     from recipes.common.config import ConfigError
     from recipes.translation import data, train
 
+    one_point = os.environ.get("DECENTADAM_MEAN_WEIGHTS", "0")
+    if one_point not in ("0", "1"):
+        raise ValueError(f"DECENTADAM_MEAN_WEIGHTS must be 0 or 1, got {one_point!r}")
+    if one_point == "1":
+        from benchmarks.parity.mean_weights import install
+
+        install()
     if optimizer_class is not None:
         decentadam.DecentralizedAdam = optimizer_class  # type: ignore[misc]  # what build_optimizer builds
     cli.exit_on_bad_input(train.main, (ConfigError, data.DataError))
