@@ -18,7 +18,6 @@ the recipe::
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -49,9 +48,7 @@ def install() -> RemovableHandle:
 
 
 def main() -> None:
-    if os.environ.get("DECENTADAM_MEAN_WEIGHTS") != "1":  # with it, run_recipe installs the hook
-        install()
-    run_recipe()
+    run_recipe(one_point=True)
 
 
 if __name__ == "__main__":

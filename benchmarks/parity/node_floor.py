@@ -41,11 +41,10 @@ from torch import Tensor
 import decentadam
 from benchmarks.parity.node_shared_a import shared_a_update, shared_every
 from benchmarks.parity.recipe import run_recipe
+from decentadam.decentralized import LocalUpdate
 from decentadam.optim.accum_adamw import step_group
 
 __all__ = ["NodeFloorAdam", "floor_update"]
-
-LocalUpdate = Any  # (state, group, params) -> None, as DecentralizedAdam's local_update
 
 
 @torch.no_grad()

@@ -15,16 +15,19 @@ import os
 import decentadam
 
 
-def run_recipe(optimizer_class: type[decentadam.DecentralizedAdam] | None = None) -> None:
-    """``recipes.translation.train``'s ``main``, bad input reported as the recipe reports it."""
+def run_recipe(
+    optimizer_class: type[decentadam.DecentralizedAdam] | None = None, *, one_point: bool = False
+) -> None:
+    """``recipes.translation.train``'s ``main``, bad input reported as the recipe reports it; with
+    ``one_point`` (or ``DECENTADAM_MEAN_WEIGHTS=1``) every rank's parameters averaged after each step."""
     from recipes.common import cli
     from recipes.common.config import ConfigError
     from recipes.translation import data, train
 
-    one_point = os.environ.get("DECENTADAM_MEAN_WEIGHTS", "0")
-    if one_point not in ("0", "1"):
-        raise ValueError(f"DECENTADAM_MEAN_WEIGHTS must be 0 or 1, got {one_point!r}")
-    if one_point == "1":
+    switch = os.environ.get("DECENTADAM_MEAN_WEIGHTS", "0")
+    if switch not in ("0", "1"):
+        raise ValueError(f"DECENTADAM_MEAN_WEIGHTS must be 0 or 1, got {switch!r}")
+    if one_point or switch == "1":
         from benchmarks.parity.mean_weights import install
 
         install()
