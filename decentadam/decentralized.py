@@ -113,6 +113,28 @@ class DecentralizedAdam(Optimizer):
     holds the node's mean gradient. Memory: per bucket a buffer of its parameters' size (twice it
     with ``"group_gradient"``, for ``g**2``), and ``A`` with ``"group_gradient"``.
 
+    The nodes' second moment shared. Where a gradient is sparse within a step (an embedding row
+    whose token only one rank of one node saw), All-Reduce's step needs that node to step ``N``
+    times its own Adam step, and the nodes' own ``A`` and the floor ``V / N`` allow ``sqrt(N)``.
+    ``share_second_moment_every=k`` (with ``intra_node="all_reduce"`` and ``"group_gradient"``)
+    sends the node's ``A``, rounded to bfloat16, with the parameters of every k-th step to the
+    group of that step (an asynchronous sum, like the parameters'); when it arrives, at the next
+    step and before that step's ``z`` joins it, ``A`` becomes the group's mean::
+
+        A = bf16sum_{ranks j of the group}(bf16(A_j)) / q;   A = beta2 * A + (1 - beta2) * z
+        v = max(A / (1 - beta2**u), V / (1 - beta2**t) / N**2)        # the floor lowered to V / N**2
+
+    (``A`` is alike on a node's ranks, so the mean over the group's ``q`` ranks is the mean over its
+    nodes; ``u`` counts the updates as before.) With the nodes' mean ``A`` and the floor
+    ``V / N**2``, a node alone in seeing a token steps ``N`` times its own step there, and the mean
+    of the nodes' steps is All-Reduce's; either change alone does not give it. docs/parity.md,
+    section 14, has the arithmetic and the runs (measured on 2 nodes). The sum travels in
+    bfloat16 for any group size: ``numel * 2 / k`` bytes per step on top of the parameters' (1 byte
+    per parameter and step at ``k = 2``); it arrives alike on every member, so the ranks of a node
+    stay replicas. A sum in flight is folded into the state by :meth:`state_dict`,
+    :meth:`wait_for_exchanges` and :meth:`close`, as the gradient sums are, so a resume is exact.
+    Memory: per bucket two bfloat16 buffers.
+
     Updates instead of parameters. With ``exchange="bf16_updates"`` a rank sends, in bfloat16, how
     far its parameters moved from a reference point ``r`` that every member of its group holds
     bitwise alike, instead of its float32 parameters (half the bytes). With ``q_i = bf16(x_i - r)``
@@ -162,6 +184,9 @@ class DecentralizedAdam(Optimizer):
         exchange: ``"parameters"`` (send the parameters) or ``"bf16_updates"`` (send the update
             from a shared reference point in bfloat16: half the bytes; one fixed group per rank,
             see above).
+        share_second_moment_every: with ``intra_node="all_reduce"`` and
+            ``second_moment="group_gradient"``, send the node's ``A`` with every k-th exchange and
+            lower the floor to ``V / N**2`` (see above); ``None`` (default): each node keeps its own.
         topology: a name for :func:`decentadam.topology.build` or a built :class:`Topology`.
         local_world_size: ranks per node for node-aware topologies ("aer"); default: the
             ``LOCAL_WORLD_SIZE`` environment variable set by torchrun / accelerate launch, else 1.
@@ -198,6 +223,7 @@ class DecentralizedAdam(Optimizer):
         v_every: int | None = None,
         intra_node: IntraNode = "gossip",
         exchange: Exchange = "parameters",
+        share_second_moment_every: int | None = None,
         overlap: Overlap = "step",
         foreach: bool | None = None,
         timeout: float | None = None,
@@ -231,6 +257,8 @@ class DecentralizedAdam(Optimizer):
                 f"but second_moment={second_moment!r}: pass second_moment='group_gradient' with it, or "
                 "leave v_every out"
             )
+        if share_second_moment_every is not None:
+            _check_share_every(share_second_moment_every, second_moment, intra_node)
         if second_moment == "group_gradient":
             v_every = (1 if intra_node == "all_reduce" else 2) if v_every is None else v_every
             if not (isinstance(v_every, int) and not isinstance(v_every, bool) and v_every >= 1):
@@ -281,6 +309,9 @@ class DecentralizedAdam(Optimizer):
         self.exchange: Exchange = exchange
         self.second_moment: SecondMoment = second_moment
         self._v_every = v_every  # k, for second_moment="group_gradient" only
+        self.share_second_moment_every = (
+            share_second_moment_every  # the nodes' A shared every k steps, or None
+        )
         self._set_second_moment()
         self.timeout = NO_TIMEOUT if timeout is None else timedelta(seconds=timeout)
         all_params = [p for group in self.param_groups for p in group["params"]]
@@ -304,12 +335,15 @@ class DecentralizedAdam(Optimizer):
         self._buckets = bucketing.make_buckets(self.param_groups, int(bucket_size_mb * 2**20))
         self._gradient_sums: dict[int, _GradientSum] = {}  # id(bucket) -> its gradient exchange
         self._node_sums: dict[int, _NodeSum] = {}  # id(bucket) -> its node's gradient all-reduce
+        self._moment_shares: dict[int, _MomentShare] = {}  # id(bucket) -> its nodes' A exchange
         self._node: Group = (self.rank,)
         if intra_node == "all_reduce":
             self._node = next(g for g in node_groups if self.rank in g) if node_groups else (self.rank,)
             if len(self._node) > 1:
                 squares = second_moment == "group_gradient"  # only its estimate needs the node's g**2
                 self._node_sums = {id(b): _NodeSum.of(b, squares) for b in self._buckets}
+            if share_second_moment_every is not None and self.topology.world_size > len(self._node):
+                self._moment_shares = {id(b): _MomentShare.of(b) for b in self._buckets}
         elif second_moment == "group_gradient" and world_size > 1:
             sizes = {len(g) for g in self.topology.distinct_groups() if self.rank in g}
             self._gradient_sums = {id(b): _GradientSum.of(b, sizes) for b in self._buckets}
@@ -365,12 +399,14 @@ class DecentralizedAdam(Optimizer):
 
     def _step_bucket(self, bucket: Bucket) -> None:
         self._fold_gradient_sum(bucket)
+        self._fold_moment_share(bucket)  # the nodes' mean A, before this step's z joins it
         self._average_node_gradients(bucket)
         self._mix(bucket)
         group = self.param_groups[bucket.group_index]
         self._local_update(self.state, group, [p for p in bucket.params if p.grad is not None])
         self._start_exchange(bucket, self._step + 1)
         self._start_gradient_sum(bucket, self._step + 1)
+        self._start_moment_share(bucket, self._step + 1)
 
     def _mix(self, bucket: Bucket) -> None:
         """x_i <- sum_j W_ij(t) x_j(t): wait for the group sum and take its mean."""
@@ -524,6 +560,45 @@ class DecentralizedAdam(Optimizer):
             st["group_sq"].mul_(decay).add_(z_i, alpha=1.0 - decay)
             st["group_updates"] += 1
 
+    def _start_moment_share(self, bucket: Bucket, step: int) -> None:
+        """``share_second_moment_every=k``: every k steps, send this node's A (bf16) to the nodes of
+        the group of ``step``, with the parameters."""
+        share = self._moment_shares.get(id(bucket))
+        if share is None or self.share_second_moment_every is None or step % self.share_second_moment_every:
+            return
+        group = self.topology.group_of(self.rank, step)
+        if len(group) == 1:
+            return
+        for param, view in zip(bucket.params, share.own_views, strict=True):
+            a = self.state[param].get("group_sq")
+            if a is None:  # not stepped yet (every stepped parameter has A on every node)
+                view.zero_()
+            else:
+                view.copy_(a)  # rounds to bfloat16
+        with self._explain_failure(step, "start", "second moment"):
+            share.handle = self.communicator.group_sum(share.total.copy_(share.own), group)
+        share.size = len(group)
+        self.stats.bytes_sent += share.total.numel() * share.total.element_size()
+
+    def _fold_moment_share(self, bucket: Bucket, timeout: timedelta | None = None) -> None:
+        """Wait for the bucket's A sum, if one is pending, and replace A by the group's mean."""
+        share = self._moment_shares.get(id(bucket))
+        if share is None or share.size <= 1:
+            return
+        q, share.size = share.size, 0
+        if share.handle is not None:
+            handle, share.handle = share.handle, None
+            self._wait_for(handle, "second moment", self.timeout if timeout is None else timeout)
+        for param, total in zip(bucket.params, views_like(share.total, bucket.params), strict=True):
+            a = self.state[param].get("group_sq")
+            if a is not None:
+                a.copy_(total).div_(q)
+
+    def _fold_in_flight(self, bucket: Bucket, timeout: timedelta | None = None) -> None:
+        """Fold the second-moment sums in flight into the state (parameters wait for the step)."""
+        self._fold_gradient_sum(bucket, timeout)
+        self._fold_moment_share(bucket, timeout)
+
     @contextlib.contextmanager
     def _explain_failure(self, step: int, what: str, kind: str = "parameter") -> Iterator[None]:
         """Re-raise a failed collective with what it was for and what probably happened."""
@@ -553,6 +628,10 @@ class DecentralizedAdam(Optimizer):
                     f"accum_steps={group['accum_steps']}: drop it from the group or use second_moment='local'"
                 )
             group["noise_ranks"] = noise_ranks
+            if self.share_second_moment_every is None:
+                group.pop("floor_ranks", None)
+            else:  # the nodes' mean A may ask a node for N times its own step (class docstring)
+                group["floor_ranks"] = noise_ranks * noise_ranks
             if self._v_every is None:
                 group.pop("v_every", None)  # a loaded group's, from a group_gradient run
             else:
@@ -624,7 +703,7 @@ class DecentralizedAdam(Optimizer):
             )
         for bucket in self._buckets:
             self._wait(bucket)
-            self._fold_gradient_sum(bucket)
+            self._fold_in_flight(bucket)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -642,11 +721,13 @@ class DecentralizedAdam(Optimizer):
             self._backward = None
         try:
             for bucket in self._buckets:
-                self._fold_gradient_sum(bucket, self.timeout or CLOSE_TIMEOUT)
+                self._fold_in_flight(bucket, self.timeout or CLOSE_TIMEOUT)
         except RuntimeError as error:  # a peer died: the state keeps A without the last sum
-            logger.warning("decentadam: a gradient sum in flight at close did not finish: %s", error)
+            logger.warning("decentadam: a second-moment sum in flight at close did not finish: %s", error)
             for exchange in self._gradient_sums.values():
                 exchange.handle, exchange.size = None, 0
+            for share in self._moment_shares.values():
+                share.handle, share.size = None, 0
         if isinstance(self.communicator, Closable):
             self.communicator.close()
         for bucket in self._buckets:  # a finished exchange's handle still holds its group's gloo context
@@ -695,12 +776,13 @@ class DecentralizedAdam(Optimizer):
         """The AccumAdamW state of this rank plus the decentralized step counter and topology (with
         ``second_moment="group_gradient"``, a gradient sum in flight is waited for and folded in)."""
         for bucket in self._buckets:
-            self._fold_gradient_sum(bucket)
+            self._fold_in_flight(bucket)
         state = super().state_dict()
         state["decentralized"] = {
             "step": self._step,
             "second_moment": self.second_moment,
             "v_every": self._v_every,
+            "share_second_moment_every": self.share_second_moment_every,
             **self._groups_layout(),
         }
         return state
@@ -726,8 +808,8 @@ class DecentralizedAdam(Optimizer):
         """Load this rank's state; the next step first exchanges the (possibly diverse) parameters."""
         state_dict = dict(state_dict)
         extra = state_dict.pop("decentralized", None)
-        for bucket in self._buckets:  # a gradient sum in flight belongs to the state being replaced
-            self._fold_gradient_sum(bucket)
+        for bucket in self._buckets:  # a sum in flight belongs to the state being replaced
+            self._fold_in_flight(bucket)
         super().load_state_dict(state_dict)
         self._set_second_moment()  # the saved groups' values may be another world size's, or missing
         if extra is not None:
@@ -742,13 +824,16 @@ class DecentralizedAdam(Optimizer):
                 extra.get("second_moment"),
                 extra.get("v_every"),
                 extra.get("intra_node", "gossip"),
+                extra.get("share_second_moment_every"),
             )
-            if saved_moment != (self.second_moment, self._v_every, self.intra_node):
+            now_moment = (self.second_moment, self._v_every, self.intra_node, self.share_second_moment_every)
+            if saved_moment != now_moment:
                 logger.warning(
-                    "optimizer state was saved with second_moment=%r, v_every=%r, intra_node=%r; continuing "
-                    "with %r, %r, %r (the second moment's state is kept where both use it)",
+                    "optimizer state was saved with second_moment=%r, v_every=%r, intra_node=%r, "
+                    "share_second_moment_every=%r; continuing with %r, %r, %r, %r (the second moment's "
+                    "state is kept where both use it)",
                     *saved_moment,
-                    *(self.second_moment, self._v_every, self.intra_node),
+                    *now_moment,
                 )
             if extra.get("exchange", "parameters") != self.exchange:
                 logger.warning(
@@ -847,6 +932,37 @@ class _GradientSum:
         total = self.pair if q == 2 else self.wide
         assert total is not None, f"no gradient buffer for a group of {q} ranks"
         return total
+
+
+@dataclass(eq=False)
+class _MomentShare:
+    """One bucket's exchange of ``share_second_moment_every``: the node's ``A`` in bfloat16."""
+
+    own: Tensor  # (numel,) bfloat16: this node's A as sent
+    own_views: list[Tensor]  # views of ``own`` shaped like the bucket's parameters
+    total: Tensor  # (numel,) bfloat16: ``own`` sent, the group's sum received
+    handle: Handle | None = None  # the sum in flight
+    size: int = 0  # q > 1: ``total`` holds (or will hold) the sum over a group of q ranks
+
+    @classmethod
+    def of(cls, bucket: Bucket) -> _MomentShare:
+        own = torch.empty(bucket.buffer.numel(), dtype=torch.bfloat16, device=bucket.buffer.device)
+        return cls(own, views_like(own, bucket.params), torch.empty_like(own))
+
+
+def _check_share_every(every: object, second_moment: str, intra_node: str) -> None:
+    """``share_second_moment_every``: an integer >= 1, with the nodes' ``group_gradient`` estimate."""
+    if not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
+        raise ValueError(
+            f"share_second_moment_every must be an integer >= 1 (send the node's second moment every "
+            f"that many steps), got {every!r}: use 2 (1 byte per parameter and step), or leave it out"
+        )
+    if intra_node != "all_reduce" or second_moment != "group_gradient":
+        raise ValueError(
+            f"share_second_moment_every={every} shares the nodes' second_moment='group_gradient' "
+            f"estimate, but second_moment={second_moment!r}, intra_node={intra_node!r}: pass "
+            "intra_node='all_reduce', second_moment='group_gradient' with it, or leave it out"
+        )
 
 
 def _group_gradient_sq(total: Tensor, own: Tensor, q: int, n: int) -> Tensor:

@@ -95,11 +95,14 @@ def test_noise_ranks_matches_the_formula(foreach: bool) -> None:
     assert 0 < floored < 29 * 50, "the test should exercise both sides of the floor"
 
 
-def test_group_sqs_replace_the_noise_correction_on_both_paths() -> None:
+@pytest.mark.parametrize("floor_ranks", [None, 16])
+def test_group_sqs_replace_the_noise_correction_on_both_paths(floor_ranks: int | None) -> None:
     """``accum_adamw(group_sqs=...)``, DecentralizedAdam's group-gradient second moment: where a
-    parameter has ``A`` (``u > 0``), ``v = max(A / (1 - beta2**(k u)), V_hat / n)``; elsewhere the
-    noise correction; foreach == for-loop == the formula written out."""
+    parameter has ``A`` (``u > 0``), ``v = max(A / (1 - beta2**(k u)), V_hat / F)``; elsewhere the
+    noise correction with the same floor; foreach == for-loop == the formula written out. ``F`` is
+    ``floor_ranks`` (the shared A's ``N**2``), ``n`` by default."""
     lr, beta1, beta2, eps, n, k = 1e-2, 0.9, 0.98, 1e-8, 4, 2
+    floor = n if floor_ranks is None else floor_ranks
     shapes = [(5,), (3, 4), (7,)]
     generator = torch.Generator().manual_seed(3)
     gradients = [
@@ -131,6 +134,7 @@ def test_group_sqs_replace_the_noise_correction_on_both_paths() -> None:
                 lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=0.0, accum_steps=1,
                 foreach=foreach, noise_ranks=n, noise_sqs=noise_sqs,
                 group_sqs=group_sqs, group_updates=[max(t - 2, 0)] * 2 + [0], v_every=k,
+                floor_ranks=floor_ranks,
             )  # fmt: skip
             if t == 2:
                 noise_after[foreach, drop] = [m[2].clone() for m in moments]
@@ -153,6 +157,7 @@ def test_group_sqs_replace_the_noise_correction_on_both_paths() -> None:
             noise_ranks=n, noise_sqs=[None, moments[1][2], moments[2][2]],
             group_sqs=[moments[0][2], None, None], group_updates=[0, 0, 0], v_every=k,
         )  # fmt: skip
+    floored = 0
     for i in range(3):
         x, m, v, noise = (torch.zeros(shapes[i], dtype=torch.float64) for _ in range(4))
         for t, grads in enumerate(gradients, start=1):
@@ -164,12 +169,16 @@ def test_group_sqs_replace_the_noise_correction_on_both_paths() -> None:
             v_hat = v / (1 - beta2**t)
             a = a_of(i, t)
             if a is not None:
-                v_hat = torch.maximum(a / (1 - beta2 ** (k * (t - 2))), v_hat / n)
+                corrected = a / (1 - beta2 ** (k * (t - 2)))
             elif t > 1:
-                v_hat = torch.maximum(v_hat - (1 - 1 / n) * noise / (1 - beta2 ** (t - 1)), v_hat / n)
+                corrected = v_hat - (1 - 1 / n) * noise / (1 - beta2 ** (t - 1))
+            if a is not None or t > 1:
+                floored += int((v_hat / floor > corrected).sum())
+                v_hat = torch.maximum(corrected, v_hat / floor)
             x = x - lr * (m / (1 - beta1**t)) / (v_hat.sqrt() + eps)
         for run in runs.values():
             torch.testing.assert_close(run[i], x, rtol=0, atol=1e-14)
+    assert floored > 0, "the floor should bind somewhere, or floor_ranks is not exercised"
 
 
 def mean_step(noise_ranks: int, mean: float, std: float, steps: int = 400) -> float:

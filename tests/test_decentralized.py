@@ -58,6 +58,10 @@ CONFIGS_4 = [
     ("aer", 2, 1, "step", "node+group_gradient+bf16"),  # a rest every other step: r waits
     ("aer", 2, 1, "resume:step", "node+group_gradient+bf16"),  # r from the state: exact resume
     ("complete", 2, 1, "backward", "node+all_ranks+bf16"),
+    # "+shareK": share_second_moment_every=K, the nodes' A averaged with every K-th exchange
+    ("complete", 2, 1, "step", "node+group_gradient+share2+bf16"),
+    ("complete", 2, 1, "resume:step", "node+group_gradient+share2+bf16"),  # an A in flight at the save
+    ("aer", 2, 1, "backward", "node+group_gradient+share1"),  # a rest every other step: no A sent
 ]
 CONFIGS_8 = [
     ("complete", 1, 4, "step", "local"),
@@ -71,6 +75,7 @@ CONFIGS_8 = [
     ("aer", 2, 1, "step", "node+group_gradient"),  # 4 nodes of 2
     ("one-peer-exp", 4, 1, "backward", "node+group_gradient"),
     ("complete", 2, 1, "step", "node+group_gradient+bf16"),  # 4 nodes
+    ("aer", 2, 1, "step", "node+group_gradient+share1"),  # 4 nodes in changing pairs: A mixes
 ]
 Config = tuple[str, int, int, str, str]
 
@@ -103,17 +108,28 @@ def flat(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+def parse_second_moment(second_moment: str) -> tuple[str, int, bool, int, bool]:
+    """A config's ``second_moment`` as (name, K, node, share, bf16): ``"group_gradient:K"`` is
+    ``second_moment="group_gradient", v_every=K``; a ``"node+"`` prefix is
+    ``intra_node="all_reduce"``, a ``"+shareK"`` part ``share_second_moment_every=K``, a ``"+bf16"``
+    suffix ``exchange="bf16_updates"`` (0 and False where absent)."""
+    first, *rest = second_moment.split("+")
+    node = first == "node"
+    if node:
+        first, *rest = rest
+    name, _, every = first.partition(":")
+    share = next((int(part.removeprefix("share")) for part in rest if part.startswith("share")), 0)
+    return name, int(every or 0), node, share, "bf16" in rest
+
+
 def second_moment_args(second_moment: str) -> dict[str, Any]:
-    """A config's ``second_moment``: ``"group_gradient:K"`` is ``second_moment="group_gradient",
-    v_every=K``; a ``"node+"`` prefix adds ``intra_node="all_reduce"``, a ``"+bf16"`` suffix
-    ``exchange="bf16_updates"``."""
-    node = second_moment.startswith("node+")
-    bf16 = second_moment.endswith("+bf16")
-    name, _, every = second_moment.removeprefix("node+").removesuffix("+bf16").partition(":")
+    """The optimizer's keyword arguments of a config's ``second_moment`` (:func:`parse_second_moment`)."""
+    name, every, node, share, bf16 = parse_second_moment(second_moment)
     return {
         "second_moment": name,
-        **({"v_every": int(every)} if every else {}),
+        **({"v_every": every} if every else {}),
         **({"intra_node": "all_reduce"} if node else {}),
+        **({"share_second_moment_every": share} if share else {}),
         **({"exchange": "bf16_updates"} if bf16 else {}),
     }
 
@@ -188,12 +204,15 @@ def simulate(
     (with ``second_moment="all_ranks"``: s = 1 and the noise-corrected second moment, n = world_size;
     with ``"group_gradient:K"`` also the second moment A from the group's gradients of every K-th
     step, which arrive one step later, rounded to bfloat16 and summed in bfloat16 by a pair, in
-    float32 by a larger group)."""
-    node = second_moment.startswith("node+")  # intra_node="all_reduce": nodes of L ranks act as one
-    bf16 = second_moment.endswith("+bf16")  # exchange="bf16_updates": x += S/m - q, r += S/m
-    second_moment = second_moment.removesuffix("+bf16")
+    float32 by a larger group; with ``"+shareK"`` every K-th step each rank's ``A`` in bfloat16,
+    summed over the nodes' group in float32 and rounded once, whose mean replaces ``A`` at the next
+    step before its ``z``, and the floor ``V / N**2``)."""
+    # node: intra_node="all_reduce", nodes of L ranks act as one; bf16: exchange="bf16_updates",
+    # x += S/m - q, r += S/m; share_every: share_second_moment_every
+    kind, v_every, node, share_every, bf16 = parse_second_moment(second_moment)
     size = local_world_size if node else 1  # L
     noise_ranks = world_size // size  # all_ranks' n: the nodes' count N with node-averaged gradients
+    floor = noise_ranks**2 if share_every else noise_ranks
     if node:  # the nodes' topology, each of its groups averaging all ranks of its nodes
         nodes = build(name, world_size // size, 1)
         within = torch.full((size, size), 1.0 / size, dtype=torch.float64)
@@ -206,16 +225,26 @@ def simulate(
     groups = over_nodes(name, world_size, size) if node else build(name, world_size, local_world_size)
     decay = [WD if n.endswith("weight") else 0.0 for n, _ in models[0].named_parameters()]
     beta1, beta2 = BETAS
-    kind, _, every = second_moment.removeprefix("node+").partition(":")
-    v_every = int(every) if every else 0  # K
     state = [[dict.fromkeys(("M", "V", "b", "S", "A", "u"), 0.0) for _ in decay] for _ in models]
     sent: list[list[torch.Tensor]] | None = None  # group_gradient: the last step's gradients, if sent
+    shared: list[list[torch.Tensor]] | None = None  # share: the last step's A (bf16), if sent
     for step in range(STEPS):
         grads = []
         for rank, model in enumerate(models):
             model.zero_grad()
             loss_of(model, rank, step).backward()
             grads.append([p.grad.detach().clone() for p in model.parameters()])
+        for rank in range(world_size if shared is not None else 0):  # A = the group's mean A
+            members = groups.group_of(rank, step)
+            if len(members) == 1:  # a node that rests sends nothing and keeps its own A
+                continue
+            for j, st in enumerate(state[rank]):
+                total = sum(
+                    (shared[r][j].float() for r in members),
+                    torch.zeros_like(shared[rank][j], dtype=torch.float32),
+                )
+                st["A"] = total.to(torch.bfloat16).double() / len(members)
+        shared = None
         if node:  # every rank steps with its node's mean gradient; z from the node's gradients
             v_every = 1
             for first in range(0, world_size, size):
@@ -283,7 +312,7 @@ def simulate(
                         if noise_ranks == 1:
                             pass  # one node: the node's mean is All-Reduce's, AdamW's v
                         elif s["u"] > 0:
-                            v = torch.maximum(s["A"] / (1 - beta2 ** (v_every * s["u"])), v / noise_ranks)
+                            v = torch.maximum(s["A"] / (1 - beta2 ** (v_every * s["u"])), v / floor)
                         elif t > 1:
                             corrected = v - (1 - 1 / noise_ranks) * s["S"] / (1 - beta2 ** (t - 1))
                             v = torch.maximum(corrected, v / noise_ranks)
@@ -297,6 +326,8 @@ def simulate(
                         s["M"] = beta1 * s["M"] + (1 - beta1) * s["b"]
                         s["V"] = beta2 * s["V"] + (1 - beta2) * s["b"] ** 2
                         s["b"] = 0.0
+        if share_every and (step + 1) % share_every == 0:  # with the parameters, to the nodes' next group
+            shared = [[st["A"].to(torch.bfloat16) for st in state[rank]] for rank in range(world_size)]
     return torch.stack([flat(m) for m in models])
 
 
@@ -311,8 +342,9 @@ def test_matches_simulation_of_n_workers(world_size: int, configs: list[Config])
         bf16 = second_moment.endswith("+bf16")
         # bf16 updates: gloo adds a group's bfloat16 values in its own order (the last numel % L of
         # a bucket flat over the group, more than 2 nodes in a ring), which rounds some sums twice;
-        # test_bf16_updates_equal_the_simulation_in_one_process pins the math bitwise
-        atol = 1e-3 if bf16 else 1e-10
+        # test_bf16_updates_equal_the_simulation_in_one_process pins the math bitwise; the same holds
+        # for the nodes' A of "+shareK" (test_shared_second_moment_equals_the_simulation_in_one_process)
+        atol = 1e-3 if bf16 or parse_second_moment(second_moment)[3] else 1e-10
         torch.testing.assert_close(got, expected, rtol=0, atol=atol, msg=lambda m, lab=label: f"{lab}: {m}")
         if bf16:  # r stays bitwise alike on every rank (the sums arrive alike)
             for r in range(1, world_size):
@@ -340,10 +372,14 @@ def test_matches_simulation_of_n_workers(world_size: int, configs: list[Config])
                 topology, numel = over_nodes(name, world_size, local_world_size), expected.shape[1]
                 values = 2 * numel if second_moment.startswith("node+group_gradient") else numel
                 node_sums = STEPS * values * 8 if local_world_size > 1 else 0
+                share = parse_second_moment(second_moment)[3]  # A in bfloat16 every share-th step
                 for r in range(world_size):
                     sizes = [len(topology.group_of(r, t)) for t in range(1, STEPS + 1)]
                     exchanged = sum(numel * (2 if bf16 else 8) for q in sizes if q > 1)
-                    assert per_rank[r][index]["bytes_sent"] == exchanged + node_sums, label
+                    shared = sum(
+                        numel * 2 for t, q in enumerate(sizes, 1) if q > 1 and share and t % share == 0
+                    )
+                    assert per_rank[r][index]["bytes_sent"] == exchanged + node_sums + shared, label
         every = second_moment.partition(":")[2]
         if every and ":" not in overlap:  # float64 parameters every step, gradients every K-th:
             topology, numel = build(name, world_size, local_world_size), expected.shape[1]
@@ -469,6 +505,54 @@ def test_bf16_updates_equal_the_simulation_in_one_process(
     mixing = over_nodes(name, world_size, 2)
     exchanges = sum(1 for t in range(1, STEPS + 1) if len(mixing.group_of(0, t)) > 1)
     assert sent == [node_sums + exchanges * numel * 2] * world_size  # bfloat16, not float64
+
+
+@pytest.mark.parametrize(
+    ("name", "second_moment"),
+    [("complete", "node+group_gradient+share2+bf16"), ("aer", "node+group_gradient+share1")],
+)
+def test_shared_second_moment_equals_the_simulation_in_one_process(name: str, second_moment: str) -> None:
+    """share_second_moment_every on simulated ranks == ``simulate``, bitwise up to float64 order: A
+    sent in bfloat16 with every K-th exchange, its group's mean in place of A at the next step (a
+    ``state_dict`` half-way folds it early and changes nothing), the floor V / N**2."""
+    world_size, every = 4, parse_second_moment(second_moment)[3]
+    cluster = SimulatedCluster(world_size)
+    models = [make_model(seed=100) for _ in range(world_size)]
+    optimizers = [
+        DecentralizedAdam(
+            param_groups(model), lr=LR, betas=BETAS, eps=EPS, **second_moment_args(second_moment),
+            topology=name, local_world_size=2, bucket_size_mb=1e-4, communicator=cluster.communicator(rank),
+        )
+        for rank, model in enumerate(models)
+    ]  # fmt: skip
+    for step in range(STEPS):
+        for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+            optimizer.zero_grad()
+            loss_of(model, rank, step).backward()
+        for optimizer in optimizers:
+            optimizer.start_gradient_sums()
+        for optimizer in optimizers:
+            optimizer.step()
+        if step == STEPS // 2 + 1:  # an A in flight (K = 1, 2): folded by state_dict on every rank
+            for optimizer in optimizers:
+                optimizer.state_dict()
+    got = torch.stack([flat(model) for model in models])
+    torch.testing.assert_close(got, simulate(name, world_size, 2, 1, second_moment), rtol=0, atol=1e-13)
+    own = simulate(name, world_size, 2, 1, second_moment.replace(f"+share{every}", ""))
+    assert not torch.allclose(got, own, rtol=0, atol=1e-9)  # the shared A and the floor change the steps
+    for first, second in ((0, 1), (2, 3)):  # a node's ranks stay replicas, A included
+        assert torch.equal(got[first], got[second])
+        for p, q in zip(models[first].parameters(), models[second].parameters(), strict=True):
+            assert torch.equal(
+                optimizers[first].state[p]["group_sq"], optimizers[second].state[q]["group_sq"]
+            )
+    numel = got.shape[1]
+    mixing = over_nodes(name, world_size, 2)
+    exchanges = sum(1 for t in range(1, STEPS + 1) if len(mixing.group_of(0, t)) > 1)
+    shares = sum(1 for t in range(every, STEPS + 1, every) if len(mixing.group_of(0, t)) > 1)
+    per_exchange = numel * (2 if second_moment.endswith("+bf16") else 8)
+    sent = STEPS * numel * 8 * 2 + exchanges * per_exchange + shares * numel * 2  # node sums, x, A
+    assert [optimizer.stats.bytes_sent for optimizer in optimizers] == [sent] * world_size
 
 
 def mismatched_worker(rank: int, world_size: int, difference: str) -> str:
@@ -775,6 +859,18 @@ def test_backward_overlap_rejects_two_backwards_per_step() -> None:
         (
             {"intra_node": "all_reduce", "second_moment": "group_gradient", "v_every": 2},
             r"v_every=2: with intra_node='all_reduce' the node's gradients .* leave v_every out",
+        ),
+        (
+            {"intra_node": "all_reduce", "second_moment": "group_gradient", "share_second_moment_every": 0},
+            r"share_second_moment_every must be an integer >= 1 .* got 0: use 2",
+        ),
+        (
+            {"second_moment": "group_gradient", "share_second_moment_every": 2},
+            r"share_second_moment_every=2 shares the nodes' .* intra_node='gossip': pass intra_node=",
+        ),
+        (
+            {"intra_node": "all_reduce", "share_second_moment_every": 2},
+            r"but second_moment='all_ranks', intra_node='all_reduce': pass .* or leave it out",
         ),
     ],
 )

@@ -274,6 +274,15 @@ def test_config_validation_of_exchange() -> None:
     assert "`exchange` must be one of 'parameters', 'bf16_updates', but is 'fp8'." in errors
 
 
+def test_config_validation_of_the_shared_second_moment() -> None:
+    node = {"intra_node": "all_reduce", "second_moment": "group_gradient"}
+    assert not DecentralizedAdamConfig(share_second_moment_every=2, **node).validate().has_error()
+    errors = str(DecentralizedAdamConfig(share_second_moment_every=2).validate())
+    assert "`share_second_moment_every` is 2, but it shares the nodes' second moment" in errors
+    errors = str(DecentralizedAdamConfig(share_second_moment_every=0, **node).validate())
+    assert "`share_second_moment_every` must be an integer >= 1, but is 0." in errors
+
+
 def test_config_validation_of_intra_node() -> None:
     assert not DecentralizedAdamConfig(intra_node="all_reduce").validate().has_error()
     node_gradient = DecentralizedAdamConfig(intra_node="all_reduce", second_moment="group_gradient")

@@ -51,21 +51,28 @@ def test_without_bleu_nothing_is_decoded(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["test"] is None
 
 
-def test_the_simulated_ranks_send_bf16_updates_when_asked(tmp_path: Path) -> None:
-    """optim.exchange reaches every simulated rank's DecentralizedAdam: bfloat16 updates from a shared
-    reference round each step's update once, so the curve moves off the float32 exchange's, a little."""
+def test_the_simulated_ranks_send_bf16_updates_and_share_the_second_moment_when_asked(tmp_path: Path) -> None:
+    """optim.exchange and optim.share_second_moment_every reach every simulated rank's
+    DecentralizedAdam: bfloat16 updates from a shared reference round each step's update once, so the
+    curve moves off the float32 exchange's, a little; the nodes' shared second moment moves it again."""
     corpus = synthetic.write(tmp_path / "corpus", train=200, val=16, test=6)
     curves = {}
-    for exchange in ("parameters", "bf16_updates"):
-        out = tmp_path / f"{exchange}.json"
+    variants = {
+        "parameters": ["optim.exchange=parameters"],
+        "bf16_updates": ["optim.exchange=bf16_updates"],
+        "shared": ["optim.exchange=bf16_updates", "optim.share_second_moment_every=1"],
+    }
+    for name, options in variants.items():
+        out = tmp_path / f"{name}.json"
         workers.main([
             "--preset", "demo-synthetic-en-de", "--data", str(corpus), "--workers", "4", "--steps", "3",
             "--eval-every", "1", "--optimizer", "decentralized", "--out", str(out),
             f"data.cache_dir={tmp_path / 'cache'}", *TINY, "optim.intra_node=all_reduce",
-            "optim.second_moment=group_gradient", "optim.topology=complete", f"optim.exchange={exchange}",
+            "optim.second_moment=group_gradient", "optim.topology=complete", *options,
         ])  # fmt: skip
         result = json.loads(out.read_text())
-        assert result["config"]["optim"]["exchange"] == exchange
-        curves[exchange] = [p["valid_nll"] for p in result["curve"]]
+        assert result["config"]["optim"]["exchange"] == options[0].partition("=")[2]
+        curves[name] = [p["valid_nll"] for p in result["curve"]]
     assert curves["bf16_updates"] != curves["parameters"]
     assert curves["bf16_updates"] == pytest.approx(curves["parameters"], rel=1e-3)
+    assert curves["shared"] != curves["bf16_updates"]  # the floor V / N**2 from step 1, A from step 2

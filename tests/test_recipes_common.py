@@ -432,6 +432,41 @@ def test_run_logged_echoes_progress_keeps_the_log_and_raises_with_its_end(
         launch.run_logged(failing, tmp_path / "b.log", "demo")
 
 
+@pytest.mark.parametrize("recipe", ["translation", "imagenet"])
+def test_the_recipes_share_the_nodes_second_moment_only_where_it_applies(recipe: str) -> None:
+    import importlib
+
+    chosen = [
+        "optim.intra_node=all_reduce", "optim.second_moment=group_gradient", "optim.topology=complete",
+        "optim.share_second_moment_every=2",
+    ]  # fmt: skip
+    o = importlib.import_module(f"recipes.{recipe}.config").PRESETS.load(None, chosen).optim
+    assert o.share_second_moment_every == 2
+
+    class FourRanks(SingleProcessCommunicator):  # rank 2 of 2 nodes of 2, exchanges that finish at once
+        rank, world_size = 2, 4
+
+    shared = optim.build_optimizer(
+        Block(), "decentralized", **settings(intra_node="all_reduce", second_moment="group_gradient",
+        share_second_moment_every=o.share_second_moment_every, local_world_size=2, world_size=4),
+        communicator=FourRanks(),
+    )  # fmt: skip
+    assert isinstance(shared, DecentralizedAdam) and shared.share_second_moment_every == 2
+    assert [g["floor_ranks"] for g in shared.param_groups] == [4, 4]  # V / N**2 with N = 2 nodes
+    shared.close()
+    for changes, named in [
+        ({"second_moment": "all_ranks"}, "optim.second_moment = 'all_ranks'"),
+        ({"intra_node": "gossip"}, "optim.intra_node = 'gossip'"),
+    ]:
+        given = {"intra_node": "all_reduce", "second_moment": "group_gradient", **changes}
+        with pytest.raises(ConfigError, match=rf"share_second_moment_every = 2 shares .*{named}"):
+            optim.build_optimizer(Block(), "decentralized", **settings(share_second_moment_every=2, **given))
+    with pytest.raises(ConfigError, match=r"--optimizer allreduce"):
+        optim.build_optimizer(Block(), "allreduce", **settings(share_second_moment_every=2))
+    with pytest.raises(ConfigError, match=r"share_second_moment_every = -1: expected an integer >= 0"):
+        optim.build_optimizer(Block(), "decentralized", **settings(share_second_moment_every=-1))
+
+
 def test_build_optimizer_passes_the_exchange_to_decentralized_adam_only() -> None:
     from recipes.common.optim import build_optimizer
 

@@ -20,6 +20,7 @@ from decentadam.runtime_model import (
     predict_all,
     ring_edges,
 )
+from decentadam.topology import build
 
 S = 100e6  # bytes
 GBIT = 1e9 / 8  # bytes/s
@@ -256,6 +257,26 @@ def test_bf16_updates_send_half_of_float32_parameters_across_the_nodes() -> None
         predict("aer", four, updates)
 
 
+@pytest.mark.parametrize("every", [1, 2, 3])
+def test_shared_second_moment_adds_its_bfloat16_bytes_every_kth_exchange(every: int) -> None:
+    """share_second_moment_every=k on complete over 2 nodes x 2 with bf16 updates: 2 P bytes of A
+    every k-th step on top of the update's 2 P (3 bytes per parameter and step at k = 2, not 2)."""
+    cluster = Cluster(2, 2, GBIT, 10 * GBIT, inter_latency_s=20e-6, intra_latency_s=5e-6)
+    work = Workload(
+        param_bytes=S, compute_s=0.01, intra_node="all_reduce", hierarchical=True, update_values=S / 4
+    )
+    updates = predict("complete", cluster, work)
+    shared = predict("complete", cluster, replace(work, moment_values=S / 4, share_every=every))
+    assert shared.inter_bytes_per_rank == pytest.approx(updates.inter_bytes_per_rank * (1 + 1 / every))
+    assert shared.node_sum_bytes_per_rank == pytest.approx(updates.node_sum_bytes_per_rank)
+    assert shared.iteration_s > updates.iteration_s  # communication-bound here
+    assert replace(work, moment_values=S / 4, share_every=every).rounds(build("complete", 4, 2)) == every
+    with pytest.raises(ValueError, match="moment_values=1: the nodes' second moment is shared only with"):
+        Workload(param_bytes=S, compute_s=0.1, moment_values=1.0)
+    with pytest.raises(ValueError, match="share_every must be >= 1"):
+        Workload(param_bytes=S, compute_s=0.1, intra_node="all_reduce", moment_values=1.0, share_every=0)
+
+
 def _node_sum_seconds(cluster: Cluster) -> float:
     """The node's gradient all-reduce by hand: a ring of L ranks over 2 S bytes (g and g**2)."""
     local = cluster.ranks_per_node
@@ -381,6 +402,19 @@ def test_cli_exchange_names_the_option_and_drops_changing_groups(capsys: pytest.
     assert "exchange='bf16_updates')" in out.splitlines()[-1]
 
 
+def test_cli_shared_second_moment_adds_its_bytes(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        *_argv("25M", 10, nodes=2, gpus_per_node=2, inter_gbps=1), "--intra-node", "all_reduce",
+        "--second-moment", "group_gradient", "--exchange", "bf16_updates",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    plain = capsys.readouterr().out
+    assert main([*argv, "--share-second-moment-every", "2"]) == 0
+    shared = capsys.readouterr().out
+    row = next(line for line in shared.splitlines() if line.startswith("| complete |"))
+    assert row != next(line for line in plain.splitlines() if line.startswith("| complete |"))
+
+
 def test_cli_hierarchical_flag_speeds_up_multi_node_groups(capsys: pytest.CaptureFixture[str]) -> None:
     argv = _argv("25M", 10, nodes=4, gpus_per_node=2, inter_gbps=1)
 
@@ -442,6 +476,11 @@ def test_cli_says_all_reduce_when_compute_dominates(capsys: pytest.CaptureFixtur
         (
             "--params 1M --compute-ms 1 --nodes 2 --inter-gbps 1 --second-moment local --v-every 2",
             "--v-every: only with --second-moment group_gradient, not local",
+        ),
+        (
+            "--params 1M --compute-ms 1 --nodes 2 --inter-gbps 1 --intra-node all_reduce "
+            "--share-second-moment-every 2",
+            "--share-second-moment-every 2: it shares the nodes' estimate of --intra-node all_reduce",
         ),
     ],
 )

@@ -256,6 +256,11 @@ def test_intra_node_all_reduce_reaches_the_optimizer(tmp_path: Path) -> None:
     updates = _trainer(tmp_path, exchange="bf16_updates", topology="complete").create_optimizer()
     assert isinstance(updates, DecentralizedAdam) and updates.exchange == "bf16_updates"
     updates.close()
+    shared = _trainer(
+        tmp_path, intra_node="all_reduce", second_moment="group_gradient", share_second_moment_every=2
+    ).create_optimizer()
+    assert isinstance(shared, DecentralizedAdam) and shared.share_second_moment_every == 2
+    shared.close()
 
 
 @pytest.mark.parametrize(
@@ -266,6 +271,10 @@ def test_intra_node_all_reduce_reaches_the_optimizer(tmp_path: Path) -> None:
         (
             {"intra_node": "all_reduce", "second_moment": "group_gradient", "v_every": 2},
             r"v_every=2: with intra_node='all_reduce' .* leave v_every out",
+        ),
+        (
+            {"share_second_moment_every": 2},
+            r"share_second_moment_every=2 shares .* pass intra_node='all_reduce', second_moment=",
         ),
     ],
 )

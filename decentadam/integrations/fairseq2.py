@@ -132,6 +132,10 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
     exchange: str = "parameters"
     """"parameters": send the parameters; "bf16_updates": send each rank's update from a shared
     reference point in bfloat16, half the bytes (one fixed group per rank; see DecentralizedAdam)."""
+    share_second_moment_every: int | None = None
+    """With intra_node "all_reduce" and second_moment "group_gradient": send the node's second
+    moment with every k-th exchange so the nodes use their mean, floor V / N**2 (see
+    DecentralizedAdam); None: each node keeps its own."""
     topology: str = "aer"
     """Graph schedule: "complete", "ring", "one-peer-exp" or "aer" (alternating exponential ring)."""
     local_world_size: int | None = None
@@ -176,6 +180,14 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
         if self.exchange not in EXCHANGES:
             result.add_error(
                 f"`exchange` must be one of {', '.join(map(repr, EXCHANGES))}, but is {self.exchange!r}."
+            )
+        share = self.share_second_moment_every
+        if share is not None and not share >= 1:
+            result.add_error(f"`share_second_moment_every` must be an integer >= 1, but is {share}.")
+        elif share is not None and (self.intra_node, self.second_moment) != ("all_reduce", "group_gradient"):
+            result.add_error(
+                f"`share_second_moment_every` is {share}, but it shares the nodes' second moment of "
+                "`intra_node: all_reduce` with `second_moment: group_gradient`: set those, or leave it out."
             )
         if not self.bucket_size_mb > 0:
             result.add_error(f"`bucket_size_mb` must be > 0, but is {self.bucket_size_mb}.")
@@ -239,6 +251,7 @@ def _decentralized(resolver: DependencyResolver, config: DecentralizedAdamConfig
         v_every=config.v_every,
         intra_node=config.intra_node,  # type: ignore[arg-type]
         exchange=config.exchange,  # type: ignore[arg-type]
+        share_second_moment_every=config.share_second_moment_every,
         topology=config.topology,
         local_world_size=config.local_world_size,
         bucket_size_mb=config.bucket_size_mb,

@@ -180,6 +180,7 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
     accum_steps: int = group["accum_steps"]
     noise_ranks: int = group.get("noise_ranks", 1)
     v_every: int | None = group.get("v_every") if noise_ranks > 1 else None  # DecentralizedAdam's k
+    floor_ranks: int = group.get("floor_ranks", noise_ranks)  # DecentralizedAdam's shared A: N**2
     grads, exp_avgs, exp_avg_sqs, grad_accums, noise_sqs, steps = [], [], [], [], [], []
     group_sqs: list[Tensor | None] = []
     group_updates: list[int] = []
@@ -236,6 +237,7 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
         group_sqs=group_sqs if v_every else None,
         group_updates=group_updates,
         v_every=v_every or 1,
+        floor_ranks=floor_ranks,
     )
 
 
@@ -259,6 +261,7 @@ def accum_adamw(
     group_sqs: list[Tensor | None] | None = None,
     group_updates: list[int] | None = None,
     v_every: int = 1,
+    floor_ranks: int | None = None,
 ) -> None:
     """Functional AccumAdamW: the update of :class:`AccumAdamW`, in place on every list.
 
@@ -271,6 +274,11 @@ def accum_adamw(
     ``v_every`` (``k``) steps, or ``None`` where ``u = 0``. Where given it replaces the noise
     correction: ``v = max(A / (1 - beta2**(k u)), V / (1 - beta2**t) / n)``, and that parameter's
     ``S`` is neither read nor updated (its ``noise_sqs`` entry may be ``None``).
+
+    ``floor_ranks`` (``F``, default ``n``; ``noise_ranks > 1`` only): the floor of the corrected
+    second moment is ``V / (1 - beta2**t) / F``, so the step grows at most ``sqrt(F)``-fold over the
+    rank's own. :class:`~decentadam.DecentralizedAdam` lowers it to ``N**2`` where its nodes share
+    ``A`` (``share_second_moment_every``).
     """
     noise_sqs = noise_sqs if noise_sqs is not None else []
     group_sqs = group_sqs if group_sqs is not None else [None] * len(params)
@@ -284,12 +292,15 @@ def accum_adamw(
     u_values = [u if a is not None else 0 for a, u in zip(group_sqs, u_values, strict=True)]
     if noise_ranks > 1 and any(s is None and u == 0 for s, u in zip(noise_sqs, u_values, strict=True)):
         raise ValueError("noise_ranks > 1: every parameter needs its noise_sq or its group_sq (with u > 0)")
+    floor_ranks = noise_ranks if floor_ranks is None else floor_ranks
+    if floor_ranks < 1:
+        raise ValueError(f"floor_ranks must be >= 1, got {floor_ranks}")
     if foreach is None:
         foreach = all(p.device.type in ("cpu", "cuda") for p in params)
     for step in state_steps:
         step += 1
     t_values = [int(step.item()) for step in state_steps]
-    hyper = _Hyper(lr, beta1, beta2, eps, weight_decay, accum_steps, noise_ranks, v_every)
+    hyper = _Hyper(lr, beta1, beta2, eps, weight_decay, accum_steps, noise_ranks, v_every, floor_ranks)
     extra = grad_accums if accum_steps > 1 else noise_sqs if noise_ranks > 1 else []
     if foreach:
         for index_list in _group_for_foreach(params, grads, t_values, u_values):
@@ -339,6 +350,8 @@ class _Hyper(NamedTuple):
     accum_steps: int
     noise_ranks: int = 1
     v_every: int = 1
+    floor_ranks: int = 1
+    """F: the corrected second moment is at least ``v / F`` (``noise_ranks`` unless lowered)."""
 
     def bias_corrections(self, t: int) -> tuple[float, float]:
         """(1 - beta1**k, sqrt(1 - beta2**k)) with k = ceil(t / s), the window number."""
@@ -393,7 +406,7 @@ def _single_accum_adamw(
                 assert noise_sq is not None, "noise_ranks > 1 without A needs S"
                 _, _, noise_scale, share = hyper.noise_terms(t)
                 corrected = torch.add(second, noise_sq, alpha=-share * noise_scale)
-            denom = torch.maximum(corrected, second.div_(hyper.noise_ranks)).sqrt_().add_(eps)
+            denom = torch.maximum(corrected, second.div_(hyper.floor_ranks)).sqrt_().add_(eps)
             param.addcdiv_(m, denom, value=-lr / bias_correction1)
             return
         denom = exp_avg_sq.sqrt()
@@ -443,7 +456,7 @@ def _foreach_accum_adamw(
             assert noise_sqs, "noise_ranks > 1 without A needs S"
             _, _, noise_scale, share = hyper.noise_terms(t)
             corrected = torch._foreach_add(second, noise_sqs, alpha=-share * noise_scale)
-        torch._foreach_div_(second, hyper.noise_ranks)
+        torch._foreach_div_(second, hyper.floor_ranks)
         torch._foreach_maximum_(corrected, second)
         torch._foreach_sqrt_(corrected)
         torch._foreach_add_(corrected, eps)

@@ -120,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(bfloat16 in a pair, float32 in a larger group)",
     )
     parser.add_argument(
+        "--share-second-moment-every",
+        type=_count,
+        default=None,
+        help="DecentralizedAdam(share_second_moment_every=K), with --intra-node all_reduce and "
+        "--second-moment group_gradient: the node's second moment (bfloat16) with every K-th exchange",
+    )
+    parser.add_argument(
         "--second-moment",
         choices=SECOND_MOMENTS,
         help="DecentralizedAdam(second_moment=...) (default: group_gradient with --v-every, else "
@@ -208,6 +215,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "'group_gradient' its estimate at every step and no gradient travels with the parameters; "
             "leave --v-every out"
         )
+    share = args.share_second_moment_every
+    if share is not None and (args.intra_node, args.second_moment) != ("all_reduce", "group_gradient"):
+        parser.error(
+            f"--share-second-moment-every {share}: it shares the nodes' estimate of --intra-node all_reduce "
+            "with --second-moment group_gradient; give both, or leave it out"
+        )
     try:
         cluster, work = _inputs(args)
     except ValueError as error:
@@ -271,5 +284,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Cluster, Workload]:
         update_values=args.params if args.exchange == "bf16_updates" else 0.0,
         intra_node=args.intra_node,
         node_squares=args.second_moment == "group_gradient",
+        moment_values=args.params if args.share_second_moment_every else 0.0,
+        share_every=args.share_second_moment_every or 2,
     )
     return cluster, work

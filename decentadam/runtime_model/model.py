@@ -33,6 +33,9 @@ Inputs (all measurable without running the training job itself)
              exchanged on the topology built for the ``N`` nodes (:func:`decentadam.topology.over_nodes`):
              a group is all ranks of its nodes, and a node alone sends nothing (the even steps of
              ``aer`` on 2 nodes). Not applied to All-Reduce.
+``P, k_A``   with ``share_second_moment_every=k_A`` (``intra_node="all_reduce"``, ``group_gradient``):
+             the node's second moment (``P = numel`` values, bfloat16: ``2 P`` bytes) travels with
+             the parameters of every ``k_A``-th exchange, ``2 P / k_A`` more per step on average.
 
 Communication: one group sum is a ring all-reduce (gloo and NCCL both use rings for large buffers)
 --------------------------------------------------------------------------------------------------
@@ -231,6 +234,11 @@ class Workload:
     with ``node_squares``, before updating, and only nodes gossip; see the module doc). All-Reduce
     ignores it."""
     node_squares: bool = True
+    moment_values: float = 0.0
+    """P: with ``share_second_moment_every`` the values of the node's second moment sent with the
+    parameters every ``share_every`` steps, 2 bytes each (bfloat16); 0: not shared."""
+    share_every: int = 2
+    """k_A: DecentralizedAdam's ``share_second_moment_every``, the steps between two such sums."""
     """With ``intra_node="all_reduce"``: whether the node's all-reduce carries ``g**2`` with ``g``
     (``second_moment="group_gradient"``, ``2 S`` bytes) or only ``g`` (the other second moments, ``S``)."""
 
@@ -245,6 +253,15 @@ class Workload:
             raise ValueError(f"update_values must be >= 0, got {self.update_values}")
         if self.intra_node not in INTRA_NODE:
             raise ValueError(f"intra_node must be 'gossip' or 'all_reduce', got {self.intra_node!r}")
+        if not self.moment_values >= 0:
+            raise ValueError(f"moment_values must be >= 0, got {self.moment_values}")
+        if self.share_every < 1:
+            raise ValueError(f"share_every must be >= 1, got {self.share_every}")
+        if self.moment_values and self.intra_node != "all_reduce":
+            raise ValueError(
+                f"moment_values={self.moment_values:g}: the nodes' second moment is shared only with "
+                "intra_node='all_reduce'; set it, or leave moment_values 0"
+            )
         if self.intra_node == "all_reduce" and self.gradient_values:
             raise ValueError(
                 f"gradient_values={self.gradient_values:g}: with intra_node='all_reduce' the node's "
@@ -270,8 +287,11 @@ class Workload:
     def exchange_bytes(self, step: int, group: Group) -> float:
         """Bytes one rank sums with its ``group`` of ``step``: the parameters (or their bfloat16
         update, ``exchange="bf16_updates"``), and every ``v_every``-th step the gradient of
-        ``second_moment="group_gradient"`` (bfloat16 in a group of two, float32 in a larger one)."""
+        ``second_moment="group_gradient"`` (bfloat16 in a group of two, float32 in a larger one), and
+        every ``share_every``-th step the node's second moment (bfloat16)."""
         sent = 2 * self.update_values if self.update_values else self.param_bytes
+        if step % self.share_every == 0:
+            sent += 2 * self.moment_values
         if step % self.v_every:
             return sent
         return sent + self.gradient_values * (2 if len(group) == 2 else 4)
@@ -289,7 +309,8 @@ class Workload:
 
     def rounds(self, topology: Topology) -> int:
         """Steps after which the topology's groups and the gradient sums repeat."""
-        return math.lcm(topology.period, self.v_every) if self.gradient_values else topology.period
+        period = math.lcm(topology.period, self.v_every) if self.gradient_values else topology.period
+        return math.lcm(period, self.share_every) if self.moment_values else period
 
 
 @dataclass(frozen=True)

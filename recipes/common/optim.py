@@ -79,6 +79,7 @@ def build_optimizer(
     v_every: int = 2,
     intra_node: str = "gossip",
     exchange: str = "parameters",
+    share_second_moment_every: int = 0,
     topology: str = "aer",
     local_world_size: int = 0,
     world_size: int = 1,
@@ -96,10 +97,12 @@ def build_optimizer(
     (DecentralizedAdam only) sends the gradient with the parameters every ``v_every`` steps, which is
     ignored with the other second moments and with ``intra_node="all_reduce"`` (the ranks of a node
     average their gradients; DecentralizedAdam only). ``exchange="bf16_updates"`` (DecentralizedAdam
-    only) sends each rank's update in bfloat16 instead of its parameters. Raises ConfigError for an
-    unknown optimizer or algorithm, and for a decentralized run with ``sgd`` (DecentralizedAdam is
-    AccumAdamW). ``communicator`` replaces DecentralizedAdam's torch.distributed collectives (the
-    time-to-quality benchmark times its step with exchanges that finish at once). ``timeout``: the seconds
+    only) sends each rank's update in bfloat16 instead of its parameters. ``share_second_moment_every=k
+    > 0`` (DecentralizedAdam with ``intra_node="all_reduce"`` and ``second_moment="group_gradient"``)
+    sends the nodes' second moment with every k-th exchange. Raises ConfigError for an unknown optimizer
+    or algorithm, and for a decentralized run with ``sgd`` (DecentralizedAdam is AccumAdamW).
+    ``communicator`` replaces DecentralizedAdam's torch.distributed collectives (the time-to-quality
+    benchmark times its step with exchanges that finish at once). ``timeout``: the seconds
     DecentralizedAdam waits for one exchange before raising (None: the process group's).
     """
     from decentadam import A2CiD2, AccumAdamW, DecentralizedAdam
@@ -130,6 +133,21 @@ def build_optimizer(
             f"optim.exchange = {exchange!r} is how DecentralizedAdam sends its parameters; --optimizer "
             f"{optimizer} does not take it: use --optimizer decentralized, or optim.exchange=parameters"
         )
+    if not (isinstance(share_second_moment_every, int) and share_second_moment_every >= 0):
+        raise ConfigError(
+            f"optim.share_second_moment_every = {share_second_moment_every!r}: expected an integer >= 0 "
+            "(steps between two exchanges of the nodes' second moment; 0: not shared)"
+        )
+    if share_second_moment_every and (
+        optimizer != "decentralized" or intra_node != "all_reduce" or second_moment != "group_gradient"
+    ):
+        raise ConfigError(
+            f"optim.share_second_moment_every = {share_second_moment_every} shares the nodes' second moment "
+            f"of DecentralizedAdam(intra_node='all_reduce', second_moment='group_gradient'), but --optimizer "
+            f"{optimizer}, optim.intra_node = {intra_node!r}, optim.second_moment = {second_moment!r}: use "
+            "--optimizer decentralized optim.intra_node=all_reduce optim.second_moment=group_gradient, or "
+            "optim.share_second_moment_every=0"
+        )
     if intra_node == "all_reduce" and optimizer != "decentralized":
         raise ConfigError(
             f"optim.intra_node = 'all_reduce' averages gradients inside nodes before DecentralizedAdam's "
@@ -149,6 +167,7 @@ def build_optimizer(
             accum_steps=accum_steps, second_moment=second_moment,  # type: ignore[arg-type]
             v_every=v_every if second_moment == "group_gradient" and intra_node == "gossip" else None,
             intra_node=intra_node, topology=topology, exchange=exchange,  # type: ignore[arg-type]
+            share_second_moment_every=share_second_moment_every or None,
             local_world_size=min(local_world_size, world_size) if local_world_size else None,
             communicator=communicator, timeout=timeout,
         )  # fmt: skip

@@ -108,6 +108,11 @@ class OptimConfig:
     rank's update from a shared reference point in bfloat16: half the bytes; needs one fixed group
     per rank: ``topology = "complete"``, or with ``intra_node = "all_reduce"`` any topology over 2
     nodes)."""
+    share_second_moment_every: int = 0
+    """With ``intra_node = "all_reduce"`` and ``second_moment = "group_gradient"``: send the node's
+    second-moment estimate with every k-th exchange, so the nodes use their mean, and lower the
+    floor to ``V / N**2`` (1 byte per parameter and step at k = 2; DecentralizedAdam's
+    ``share_second_moment_every``); 0: each node keeps its own."""
     accum_steps: int = 1
     """AccumAdam window s (with ``second_moment = "local"``): the moments advance once per s steps
     with the window's mean gradient."""
