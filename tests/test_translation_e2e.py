@@ -120,10 +120,24 @@ def test_train_checkpoint_resume_and_bleu(optimizer: str, corpus: Path, tmp_path
     assert scores["sentences"] == 12 and scores["checkpoints"] == [str(straight / "step-2"), str(checkpoint)]
 
 
-def test_nodes_simulated_in_one_process_equal_the_4_process_run(corpus: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "chosen",
+    [
+        [],  # the nodes on aer
+        # the nodes on complete with bfloat16 updates and their second moment shared: the shared A
+        # (folded into the checkpoint) resumes bit for bit
+        ["optim.topology=complete", "optim.exchange=bf16_updates", "optim.share_second_moment_every=1"],
+    ],
+    ids=["aer", "complete-shared"],
+)
+def test_nodes_simulated_in_one_process_equal_the_4_process_run(
+    chosen: list[str], corpus: Path, tmp_path: Path
+) -> None:
     """benchmarks.parity.workers with intra_node=all_reduce (what the workers table runs at n >= 8)
     against the recipe on 4 gloo processes as 2 nodes x 2, step for step."""
-    node = ["optim.intra_node=all_reduce", "optim.second_moment=group_gradient"]
+    import torch
+
+    node = ["optim.intra_node=all_reduce", "optim.second_moment=group_gradient", *chosen]
     settings = [f"data={corpus}", f"data.cache_dir={tmp_path / 'cache'}", "--optimizer", "decentralized"]
     run = tmp_path / "run"
     launch(*settings, *TINY, *node, f"train.output_dir={run}", "train.max_steps=4")
@@ -134,6 +148,20 @@ def test_nodes_simulated_in_one_process_equal_the_4_process_run(corpus: Path, tm
         str(simulated), f"data.cache_dir={tmp_path / 'cache'}", *TINY, *node,
     ])  # fmt: skip
     result = json.loads(simulated.read_text())
-    assert result["check"]["steps"] == [1, 2, 3, 4] and result["check"]["max_relative_difference"] < 1e-5
+    # bfloat16 sums: gloo adds a group's values in its own order, the simulation in rank order
+    tolerance = 1e-3 if chosen else 1e-5
+    assert result["check"]["steps"] == [1, 2, 3, 4] and result["check"]["max_relative_difference"] < tolerance
     recipe_nll = [json.loads(line)["valid_nll"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [p["valid_nll"] for p in result["curve"]] == pytest.approx(recipe_nll, rel=1e-5)
+    assert [p["valid_nll"] for p in result["curve"]] == pytest.approx(recipe_nll, rel=tolerance)
+    if not chosen:
+        return
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(run / "step-2", resumed / "step-2")
+    for name in ("config.toml", "metrics.jsonl"):
+        shutil.copy(run / name, resumed / name)
+    output = launch(*settings, *TINY, *node, f"train.output_dir={resumed}", "train.max_steps=4", "--resume")
+    assert "at step 2" in output
+    ours, reference = weights(resumed / "step-4"), weights(run / "step-4")
+    assert ours.keys() == reference.keys()
+    assert all(torch.equal(ours[k], reference[k]) for k in ours)  # type: ignore[arg-type]
