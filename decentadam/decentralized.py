@@ -116,10 +116,10 @@ class DecentralizedAdam(Optimizer):
     The nodes' second moment shared. Where a gradient is sparse within a step (an embedding row
     whose token only one rank of one node saw), All-Reduce's step needs that node to step ``N``
     times its own Adam step, and the nodes' own ``A`` and the floor ``V / N`` allow ``sqrt(N)``.
-    ``share_second_moment_every=k`` (with ``intra_node="all_reduce"`` and ``"group_gradient"``)
-    sends the node's ``A``, rounded to bfloat16, with the parameters of every k-th step to the
-    group of that step (an asynchronous sum, like the parameters'); when it arrives, at the next
-    step and before that step's ``z`` joins it, ``A`` becomes the group's mean::
+    With ``intra_node="all_reduce"`` and ``"group_gradient"``, ``share_second_moment_every=k``
+    (default 2; 0 turns it off) sends the node's ``A``, rounded to bfloat16, with the parameters of
+    every k-th step to the group of that step (an asynchronous sum, like the parameters'); when it
+    arrives, at the next step and before that step's ``z`` joins it, ``A`` becomes the group's mean::
 
         A = bf16sum_{ranks j of the group}(bf16(A_j)) / q;   A = beta2 * A + (1 - beta2) * z
         v = max(A / (1 - beta2**u), V / (1 - beta2**t) / N**2)        # the floor lowered to V / N**2
@@ -128,11 +128,14 @@ class DecentralizedAdam(Optimizer):
     nodes; ``u`` counts the updates as before.) With the nodes' mean ``A`` and the floor
     ``V / N**2``, a node alone in seeing a token steps ``N`` times its own step there, and the mean
     of the nodes' steps is All-Reduce's; either change alone does not give it. docs/parity.md,
-    section 14, has the arithmetic and the runs (measured on 2 nodes). The sum travels in
-    bfloat16 for any group size: ``numel * 2 / k`` bytes per step on top of the parameters' (1 byte
-    per parameter and step at ``k = 2``); it arrives alike on every member, so the ranks of a node
-    stay replicas. A sum in flight is folded into the state by :meth:`state_dict`,
-    :meth:`wait_for_exchanges` and :meth:`close`, as the gradient sums are, so a resume is exact.
+    section 14, has the arithmetic and the runs (measured on 2 nodes). The sum travels in bfloat16 for
+    any group size: ``numel * 2 / k`` bytes per step on top of the parameters' (1 byte per parameter
+    and step at ``k = 2``); it arrives alike on every member, so the ranks of a node stay replicas.
+    Over two nodes with gloo's hierarchical sum it is rounded once (but for a bucket's last ``numel %
+    L`` values); a flat ring (NCCL, more nodes) may round it at every hop, which leaves ``A`` within a
+    few bfloat16 roundings (2**-9 each) of its exact mean. A sum in flight is folded into the state by
+    :meth:`state_dict`, :meth:`wait_for_exchanges` and :meth:`close`, as the gradient sums are, so a
+    resume is exact.
     Memory: per bucket two bfloat16 buffers.
 
     Updates instead of parameters. With ``exchange="bf16_updates"`` a rank sends, in bfloat16, how
@@ -186,7 +189,8 @@ class DecentralizedAdam(Optimizer):
             see above).
         share_second_moment_every: with ``intra_node="all_reduce"`` and
             ``second_moment="group_gradient"``, send the node's ``A`` with every k-th exchange and
-            lower the floor to ``V / N**2`` (see above); ``None`` (default): each node keeps its own.
+            lower the floor to ``V / N**2`` (see above); ``None`` (default): every 2 steps there,
+            not at all with the other settings; 0: each node keeps its own.
         topology: a name for :func:`decentadam.topology.build` or a built :class:`Topology`.
         local_world_size: ranks per node for node-aware topologies ("aer"); default: the
             ``LOCAL_WORLD_SIZE`` environment variable set by torchrun / accelerate launch, else 1.
@@ -257,8 +261,7 @@ class DecentralizedAdam(Optimizer):
                 f"but second_moment={second_moment!r}: pass second_moment='group_gradient' with it, or "
                 "leave v_every out"
             )
-        if share_second_moment_every is not None:
-            _check_share_every(share_second_moment_every, second_moment, intra_node)
+        share_second_moment_every = _share_every(share_second_moment_every, second_moment, intra_node)
         if second_moment == "group_gradient":
             v_every = (1 if intra_node == "all_reduce" else 2) if v_every is None else v_every
             if not (isinstance(v_every, int) and not isinstance(v_every, bool) and v_every >= 1):
@@ -309,9 +312,7 @@ class DecentralizedAdam(Optimizer):
         self.exchange: Exchange = exchange
         self.second_moment: SecondMoment = second_moment
         self._v_every = v_every  # k, for second_moment="group_gradient" only
-        self.share_second_moment_every = (
-            share_second_moment_every  # the nodes' A shared every k steps, or None
-        )
+        self.share_second_moment_every: int = share_second_moment_every  # k: the nodes share A; 0: not
         self._set_second_moment()
         self.timeout = NO_TIMEOUT if timeout is None else timedelta(seconds=timeout)
         all_params = [p for group in self.param_groups for p in group["params"]]
@@ -342,7 +343,7 @@ class DecentralizedAdam(Optimizer):
             if len(self._node) > 1:
                 squares = second_moment == "group_gradient"  # only its estimate needs the node's g**2
                 self._node_sums = {id(b): _NodeSum.of(b, squares) for b in self._buckets}
-            if share_second_moment_every is not None and self.topology.world_size > len(self._node):
+            if share_second_moment_every and self.topology.world_size > len(self._node):
                 self._moment_shares = {id(b): _MomentShare.of(b) for b in self._buckets}
         elif second_moment == "group_gradient" and world_size > 1:
             sizes = {len(g) for g in self.topology.distinct_groups() if self.rank in g}
@@ -564,7 +565,7 @@ class DecentralizedAdam(Optimizer):
         """``share_second_moment_every=k``: every k steps, send this node's A (bf16) to the nodes of
         the group of ``step``, with the parameters."""
         share = self._moment_shares.get(id(bucket))
-        if share is None or self.share_second_moment_every is None or step % self.share_second_moment_every:
+        if share is None or not self.share_second_moment_every or step % self.share_second_moment_every:
             return
         group = self.topology.group_of(self.rank, step)
         if len(group) == 1:
@@ -628,7 +629,7 @@ class DecentralizedAdam(Optimizer):
                     f"accum_steps={group['accum_steps']}: drop it from the group or use second_moment='local'"
                 )
             group["noise_ranks"] = noise_ranks
-            if self.share_second_moment_every is None:
+            if not self.share_second_moment_every:
                 group.pop("floor_ranks", None)
             else:  # the nodes' mean A may ask a node for N times its own step (class docstring)
                 group["floor_ranks"] = noise_ranks * noise_ranks
@@ -824,7 +825,7 @@ class DecentralizedAdam(Optimizer):
                 extra.get("second_moment"),
                 extra.get("v_every"),
                 extra.get("intra_node", "gossip"),
-                extra.get("share_second_moment_every"),
+                extra.get("share_second_moment_every", 0),
             )
             now_moment = (self.second_moment, self._v_every, self.intra_node, self.share_second_moment_every)
             if saved_moment != now_moment:
@@ -950,19 +951,30 @@ class _MomentShare:
         return cls(own, views_like(own, bucket.params), torch.empty_like(own))
 
 
-def _check_share_every(every: object, second_moment: str, intra_node: str) -> None:
-    """``share_second_moment_every``: an integer >= 1, with the nodes' ``group_gradient`` estimate."""
-    if not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
+SHARE_EVERY = 2
+"""``share_second_moment_every``'s default where it applies (``intra_node="all_reduce"`` with
+``second_moment="group_gradient"``): 1 byte per parameter and step."""
+
+
+def _share_every(every: object, second_moment: str, intra_node: str) -> int:
+    """``share_second_moment_every`` resolved: ``None`` is :data:`SHARE_EVERY` where the nodes'
+    ``group_gradient`` estimate exists, else 0 (not shared); 0 turns it off; ``k >= 1`` needs it."""
+    applies = intra_node == "all_reduce" and second_moment == "group_gradient"
+    if every is None:
+        return SHARE_EVERY if applies else 0
+    if not (isinstance(every, int) and not isinstance(every, bool) and every >= 0):
         raise ValueError(
-            f"share_second_moment_every must be an integer >= 1 (send the node's second moment every "
-            f"that many steps), got {every!r}: use 2 (1 byte per parameter and step), or leave it out"
+            f"share_second_moment_every must be an integer >= 0 (send the node's second moment every "
+            f"that many steps; 0: never), got {every!r}: use 2 (1 byte per parameter and step), or "
+            "leave it out"
         )
-    if intra_node != "all_reduce" or second_moment != "group_gradient":
+    if every and not applies:
         raise ValueError(
             f"share_second_moment_every={every} shares the nodes' second_moment='group_gradient' "
             f"estimate, but second_moment={second_moment!r}, intra_node={intra_node!r}: pass "
             "intra_node='all_reduce', second_moment='group_gradient' with it, or leave it out"
         )
+    return every
 
 
 def _group_gradient_sq(total: Tensor, own: Tensor, q: int, n: int) -> Tensor:

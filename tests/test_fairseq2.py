@@ -279,8 +279,9 @@ def test_config_validation_of_the_shared_second_moment() -> None:
     assert not DecentralizedAdamConfig(share_second_moment_every=2, **node).validate().has_error()
     errors = str(DecentralizedAdamConfig(share_second_moment_every=2).validate())
     assert "`share_second_moment_every` is 2, but it shares the nodes' second moment" in errors
-    errors = str(DecentralizedAdamConfig(share_second_moment_every=0, **node).validate())
-    assert "`share_second_moment_every` must be an integer >= 1, but is 0." in errors
+    assert not DecentralizedAdamConfig(share_second_moment_every=0).validate().has_error()  # off
+    errors = str(DecentralizedAdamConfig(share_second_moment_every=-1, **node).validate())
+    assert "`share_second_moment_every` must be an integer >= 0, but is -1." in errors
 
 
 def test_config_validation_of_intra_node() -> None:

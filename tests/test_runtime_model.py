@@ -402,17 +402,18 @@ def test_cli_exchange_names_the_option_and_drops_changing_groups(capsys: pytest.
     assert "exchange='bf16_updates')" in out.splitlines()[-1]
 
 
-def test_cli_shared_second_moment_adds_its_bytes(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_shared_second_moment_adds_its_bytes_by_default(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [
         *_argv("25M", 10, nodes=2, gpus_per_node=2, inter_gbps=1), "--intra-node", "all_reduce",
         "--second-moment", "group_gradient", "--exchange", "bf16_updates",
     ]  # fmt: skip
-    assert main(argv) == 0
-    plain = capsys.readouterr().out
-    assert main([*argv, "--share-second-moment-every", "2"]) == 0
-    shared = capsys.readouterr().out
-    row = next(line for line in shared.splitlines() if line.startswith("| complete |"))
-    assert row != next(line for line in plain.splitlines() if line.startswith("| complete |"))
+    rows = {}
+    for share in ([], ["--share-second-moment-every", "2"], ["--share-second-moment-every", "0"]):
+        assert main([*argv, *share]) == 0
+        out = capsys.readouterr().out
+        rows[" ".join(share)] = next(line for line in out.splitlines() if line.startswith("| complete |"))
+    assert rows[""] == rows["--share-second-moment-every 2"]  # DecentralizedAdam's default there
+    assert rows[""] != rows["--share-second-moment-every 0"]
 
 
 def test_cli_hierarchical_flag_speeds_up_multi_node_groups(capsys: pytest.CaptureFixture[str]) -> None:

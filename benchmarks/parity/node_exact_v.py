@@ -85,6 +85,7 @@ class NodeExactVAdam(decentadam.DecentralizedAdam):
         every = exact_every()  # read once; bad input fails before training starts
         if kwargs.get("second_moment") == "group_gradient":
             kwargs.setdefault("local_update", functools.partial(exact_v_update, every=every))
+        kwargs.setdefault("share_second_moment_every", 0)  # A is this probe's, not the library's shared one
         super().__init__(*args, **kwargs)
 
 

@@ -74,6 +74,7 @@ class NodeFloorAdam(decentadam.DecentralizedAdam):
         inner = functools.partial(shared_a_update, every=shared_every()) if shared else step_group
         if kwargs.get("second_moment") == "group_gradient":
             kwargs.setdefault("local_update", functools.partial(floor_update, inner=inner))
+        kwargs.setdefault("share_second_moment_every", 0)  # the probe's floor and sharing, not the library's
         super().__init__(*args, **kwargs)
 
 

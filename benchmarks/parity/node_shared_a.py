@@ -84,6 +84,7 @@ class NodeSharedAAdam(decentadam.DecentralizedAdam):
         every = shared_every()  # read once; bad input fails before training starts
         if kwargs.get("second_moment") == "group_gradient":
             kwargs.setdefault("local_update", functools.partial(shared_a_update, every=every))
+        kwargs.setdefault("share_second_moment_every", 0)  # the probe shares A itself, blocking
         super().__init__(*args, **kwargs)
 
 

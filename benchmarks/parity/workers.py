@@ -249,7 +249,7 @@ def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
                     intra_node=o.intra_node,  # type: ignore[arg-type]
                     topology=o.topology,
                     exchange=o.exchange,  # type: ignore[arg-type]
-                    share_second_moment_every=o.share_second_moment_every or None,
+                    share_second_moment_every=o.share_second_moment_every,
                     local_world_size=nodes_of,
                     communicator=cluster.communicator(rank),
                 )

@@ -135,7 +135,7 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
     share_second_moment_every: int | None = None
     """With intra_node "all_reduce" and second_moment "group_gradient": send the node's second
     moment with every k-th exchange so the nodes use their mean, floor V / N**2 (see
-    DecentralizedAdam); None: each node keeps its own."""
+    DecentralizedAdam); None: 2 there; 0: each node keeps its own."""
     topology: str = "aer"
     """Graph schedule: "complete", "ring", "one-peer-exp" or "aer" (alternating exponential ring)."""
     local_world_size: int | None = None
@@ -182,9 +182,9 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
                 f"`exchange` must be one of {', '.join(map(repr, EXCHANGES))}, but is {self.exchange!r}."
             )
         share = self.share_second_moment_every
-        if share is not None and not share >= 1:
-            result.add_error(f"`share_second_moment_every` must be an integer >= 1, but is {share}.")
-        elif share is not None and (self.intra_node, self.second_moment) != ("all_reduce", "group_gradient"):
+        if share is not None and not share >= 0:
+            result.add_error(f"`share_second_moment_every` must be an integer >= 0, but is {share}.")
+        elif share and (self.intra_node, self.second_moment) != ("all_reduce", "group_gradient"):
             result.add_error(
                 f"`share_second_moment_every` is {share}, but it shares the nodes' second moment of "
                 "`intra_node: all_reduce` with `second_moment: group_gradient`: set those, or leave it out."

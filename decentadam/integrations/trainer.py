@@ -82,7 +82,7 @@ class DecentralizedArguments:
     share_second_moment_every: int | None = None
     """With intra_node="all_reduce" and second_moment="group_gradient": send the node's second
     moment with every k-th exchange so the nodes use their mean, floor V / N**2 (see
-    DecentralizedAdam); None: each node keeps its own."""
+    DecentralizedAdam); None: 2 there; 0: each node keeps its own."""
     accum_steps: int = 1
     """AccumAdam window s (with second_moment="local"): Adam moments advance once per s steps with the
     window's mean gradient."""

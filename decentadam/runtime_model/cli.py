@@ -62,6 +62,10 @@ def _count(text: str) -> int:
     return int(_number(text, int, 1, strict=False))
 
 
+def _count_or_zero(text: str) -> int:
+    return int(_number(text, int, 0, strict=False))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m decentadam.runtime_model",
@@ -121,10 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--share-second-moment-every",
-        type=_count,
+        type=_count_or_zero,
         default=None,
         help="DecentralizedAdam(share_second_moment_every=K), with --intra-node all_reduce and "
-        "--second-moment group_gradient: the node's second moment (bfloat16) with every K-th exchange",
+        "--second-moment group_gradient: the node's second moment (bfloat16) with every K-th exchange "
+        "(default there: 2, as in DecentralizedAdam; 0: not shared)",
     )
     parser.add_argument(
         "--second-moment",
@@ -216,7 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "leave --v-every out"
         )
     share = args.share_second_moment_every
-    if share is not None and (args.intra_node, args.second_moment) != ("all_reduce", "group_gradient"):
+    applies = (args.intra_node, args.second_moment) == ("all_reduce", "group_gradient")
+    if share is None:
+        args.share_second_moment_every = 2 if applies else 0
+    elif share and not applies:
         parser.error(
             f"--share-second-moment-every {share}: it shares the nodes' estimate of --intra-node all_reduce "
             "with --second-moment group_gradient; give both, or leave it out"
