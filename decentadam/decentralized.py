@@ -543,12 +543,9 @@ class DecentralizedAdam(Optimizer):
     def _fold_gradient_sum(self, bucket: Bucket, timeout: timedelta | None = None) -> None:
         """Wait for the bucket's gradient sum, if one is pending, and fold its z into A (docstring)."""
         exchange = self._gradient_sums.get(id(bucket))
-        if exchange is None or exchange.size <= 1:
+        q = 0 if exchange is None else self._wait_pending(exchange, "gradient", timeout)
+        if exchange is None or q <= 1:
             return
-        q, exchange.size = exchange.size, 0
-        if exchange.handle is not None:
-            handle, exchange.handle = exchange.handle, None
-            self._wait_for(handle, "gradient", self.timeout if timeout is None else timeout)
         z = _group_gradient_sq(exchange.buffer(q), exchange.own, q, self.world_size)  # (numel,) float32
         group = self.param_groups[bucket.group_index]
         decay = group["betas"][1] ** group["v_every"]
@@ -584,16 +581,24 @@ class DecentralizedAdam(Optimizer):
     def _fold_moment_share(self, bucket: Bucket, timeout: timedelta | None = None) -> None:
         """Wait for the bucket's A sum, if one is pending, and replace A by the group's mean."""
         share = self._moment_shares.get(id(bucket))
-        if share is None or share.size <= 1:
+        q = 0 if share is None else self._wait_pending(share, "second moment", timeout)
+        if share is None or q <= 1:
             return
-        q, share.size = share.size, 0
-        if share.handle is not None:
-            handle, share.handle = share.handle, None
-            self._wait_for(handle, "second moment", self.timeout if timeout is None else timeout)
         for param, total in zip(bucket.params, views_like(share.total, bucket.params), strict=True):
             a = self.state[param].get("group_sq")
             if a is not None:
                 a.copy_(total).div_(q)
+
+    def _wait_pending(
+        self, exchange: _GradientSum | _MomentShare, kind: str, timeout: timedelta | None
+    ) -> int:
+        """Wait for ``exchange``'s sum if one is pending and mark it taken: its group's size q (0 or
+        1: nothing pending)."""
+        q, exchange.size = exchange.size, 0
+        if q > 1 and exchange.handle is not None:
+            handle, exchange.handle = exchange.handle, None
+            self._wait_for(handle, kind, self.timeout if timeout is None else timeout)
+        return q
 
     def _fold_in_flight(self, bucket: Bucket, timeout: timedelta | None = None) -> None:
         """Fold the second-moment sums in flight into the state (parameters wait for the step)."""

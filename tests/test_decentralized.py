@@ -476,20 +476,11 @@ def test_bf16_updates_resume_a_state_saved_without_r_from_the_mean() -> None:
         assert not torch.equal(per_rank[r]["bf16_updates"], per_rank[r]["parameters"])
 
 
-@pytest.mark.parametrize(
-    ("name", "second_moment", "overlap"),
-    [
-        ("complete", "node+group_gradient+share0+bf16", "step"),
-        ("aer", "node+group_gradient+share0+bf16", "step"),
-        ("complete", "node+all_ranks+bf16", "backward"),
-    ],
-)
-def test_bf16_updates_equal_the_simulation_in_one_process(
-    name: str, second_moment: str, overlap: str
-) -> None:
-    """exchange="bf16_updates" on simulated ranks (sums rounded once) == ``simulate``, bitwise up to
-    float64 summation order: x_i += S/m - q_i, r += S/m, with q_i = bf16(x_i - r)."""
-    world_size = 4
+def train_simulated(
+    name: str, world_size: int, second_moment: str, state_dict_after: int | None = None
+) -> tuple[list[nn.Module], list[DecentralizedAdam]]:
+    """STEPS steps of the nodes (2 ranks each) on simulated ranks in one process; with
+    ``state_dict_after`` every rank's ``state_dict()`` is taken after that step."""
     cluster = SimulatedCluster(world_size)
     models = [make_model(seed=100) for _ in range(world_size)]
     optimizers = [
@@ -507,6 +498,27 @@ def test_bf16_updates_equal_the_simulation_in_one_process(
             optimizer.start_gradient_sums()
         for optimizer in optimizers:
             optimizer.step()
+        if step == state_dict_after:
+            for optimizer in optimizers:
+                optimizer.state_dict()
+    return models, optimizers
+
+
+@pytest.mark.parametrize(
+    ("name", "second_moment", "overlap"),
+    [
+        ("complete", "node+group_gradient+share0+bf16", "step"),
+        ("aer", "node+group_gradient+share0+bf16", "step"),
+        ("complete", "node+all_ranks+bf16", "backward"),
+    ],
+)
+def test_bf16_updates_equal_the_simulation_in_one_process(
+    name: str, second_moment: str, overlap: str
+) -> None:
+    """exchange="bf16_updates" on simulated ranks (sums rounded once) == ``simulate``, bitwise up to
+    float64 summation order: x_i += S/m - q_i, r += S/m, with q_i = bf16(x_i - r)."""
+    world_size = 4
+    models, optimizers = train_simulated(name, world_size, second_moment)
     got = torch.stack([flat(model) for model in models])
     expected = simulate(name, world_size, 2, 1, second_moment)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-13)
@@ -530,26 +542,8 @@ def test_shared_second_moment_equals_the_simulation_in_one_process(name: str, se
     sent in bfloat16 with every K-th exchange, its group's mean in place of A at the next step (a
     ``state_dict`` half-way folds it early and changes nothing), the floor V / N**2."""
     world_size, every = 4, share_of(second_moment)
-    cluster = SimulatedCluster(world_size)
-    models = [make_model(seed=100) for _ in range(world_size)]
-    optimizers = [
-        DecentralizedAdam(
-            param_groups(model), lr=LR, betas=BETAS, eps=EPS, **second_moment_args(second_moment),
-            topology=name, local_world_size=2, bucket_size_mb=1e-4, communicator=cluster.communicator(rank),
-        )
-        for rank, model in enumerate(models)
-    ]  # fmt: skip
-    for step in range(STEPS):
-        for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
-            optimizer.zero_grad()
-            loss_of(model, rank, step).backward()
-        for optimizer in optimizers:
-            optimizer.start_gradient_sums()
-        for optimizer in optimizers:
-            optimizer.step()
-        if step == STEPS // 2 + 1:  # an A in flight (K = 1, 2): folded by state_dict on every rank
-            for optimizer in optimizers:
-                optimizer.state_dict()
+    # an A in flight after step STEPS // 2 + 1 (K = 1, 2): folded by state_dict on every rank
+    models, optimizers = train_simulated(name, world_size, second_moment, state_dict_after=STEPS // 2 + 1)
     got = torch.stack([flat(model) for model in models])
     torch.testing.assert_close(got, simulate(name, world_size, 2, 1, second_moment), rtol=0, atol=1e-13)
     own = simulate(name, world_size, 2, 1, second_moment.replace(f"+share{every}", "+share0"))
