@@ -131,12 +131,11 @@ class DecentralizedAdam(Optimizer):
     section 14, has the arithmetic and the runs (measured on 2 nodes). The sum travels in bfloat16 for
     any group size: ``numel * 2 / k`` bytes per step on top of the parameters' (1 byte per parameter
     and step at ``k = 2``); it arrives alike on every member, so the ranks of a node stay replicas.
-    Over two nodes with gloo's hierarchical sum it is rounded once (but for a bucket's last ``numel %
-    L`` values); a flat ring (NCCL, more nodes) may round it at every hop, which leaves ``A`` within a
-    few bfloat16 roundings (2**-9 each) of its exact mean. A sum in flight is folded into the state by
-    :meth:`state_dict`, :meth:`wait_for_exchanges` and :meth:`close`, as the gradient sums are, so a
-    resume is exact.
-    Memory: per bucket two bfloat16 buffers.
+    Over two nodes of two ranks with gloo's hierarchical sum it is rounded once (but for a bucket's
+    last ``numel % L`` values); a flat ring (NCCL, more nodes) may round it at every hop, which leaves
+    ``A`` within a few bfloat16 roundings (2**-9 each) of its exact mean. A sum in flight is folded
+    into the state by :meth:`state_dict`, :meth:`wait_for_exchanges` and :meth:`close`, as the
+    gradient sums are, so a resume is exact. Memory: per bucket one bfloat16 buffer.
 
     Updates instead of parameters. With ``exchange="bf16_updates"`` a rank sends, in bfloat16, how
     far its parameters moved from a reference point ``r`` that every member of its group holds
@@ -561,20 +560,17 @@ class DecentralizedAdam(Optimizer):
     def _start_moment_share(self, bucket: Bucket, step: int) -> None:
         """``share_second_moment_every=k``: every k steps, send this node's A (bf16) to the nodes of
         the group of ``step``, with the parameters."""
-        share = self._moment_shares.get(id(bucket))
-        if share is None or not self.share_second_moment_every or step % self.share_second_moment_every:
+        share = self._moment_shares.get(id(bucket))  # none where k = 0
+        if share is None or step % self.share_second_moment_every:
             return
         group = self.topology.group_of(self.rank, step)
         if len(group) == 1:
             return
-        for param, view in zip(bucket.params, share.own_views, strict=True):
-            a = self.state[param].get("group_sq")
-            if a is None:  # not stepped yet (every stepped parameter has A on every node)
-                view.zero_()
-            else:
-                view.copy_(a)  # rounds to bfloat16
+        for param, view in zip(bucket.params, share.views, strict=True):
+            # every parameter has A: the node's sum gave it a gradient and z before this update
+            view.copy_(self.state[param]["group_sq"])  # rounds to bfloat16
         with self._explain_failure(step, "start", "second moment"):
-            share.handle = self.communicator.group_sum(share.total.copy_(share.own), group)
+            share.handle = self.communicator.group_sum(share.total, group)
         share.size = len(group)
         self.stats.bytes_sent += share.total.numel() * share.total.element_size()
 
@@ -584,10 +580,8 @@ class DecentralizedAdam(Optimizer):
         q = 0 if share is None else self._wait_pending(share, "second moment", timeout)
         if share is None or q <= 1:
             return
-        for param, total in zip(bucket.params, views_like(share.total, bucket.params), strict=True):
-            a = self.state[param].get("group_sq")
-            if a is not None:
-                a.copy_(total).div_(q)
+        for param, total in zip(bucket.params, share.views, strict=True):
+            self.state[param]["group_sq"].copy_(total).div_(q)
 
     def _wait_pending(
         self, exchange: _GradientSum | _MomentShare, kind: str, timeout: timedelta | None
@@ -944,16 +938,15 @@ class _GradientSum:
 class _MomentShare:
     """One bucket's exchange of ``share_second_moment_every``: the node's ``A`` in bfloat16."""
 
-    own: Tensor  # (numel,) bfloat16: this node's A as sent
-    own_views: list[Tensor]  # views of ``own`` shaped like the bucket's parameters
-    total: Tensor  # (numel,) bfloat16: ``own`` sent, the group's sum received
+    total: Tensor  # (numel,) bfloat16: this node's A sent, the group's sum received in place
+    views: list[Tensor]  # views of ``total`` shaped like the bucket's parameters
     handle: Handle | None = None  # the sum in flight
     size: int = 0  # q > 1: ``total`` holds (or will hold) the sum over a group of q ranks
 
     @classmethod
     def of(cls, bucket: Bucket) -> _MomentShare:
-        own = torch.empty(bucket.buffer.numel(), dtype=torch.bfloat16, device=bucket.buffer.device)
-        return cls(own, views_like(own, bucket.params), torch.empty_like(own))
+        total = torch.empty(bucket.buffer.numel(), dtype=torch.bfloat16, device=bucket.buffer.device)
+        return cls(total, views_like(total, bucket.params))
 
 
 SHARE_EVERY = 2

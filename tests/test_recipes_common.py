@@ -305,6 +305,12 @@ def settings(**changes: Any) -> dict[str, Any]:
     return {**base, **changes}
 
 
+class FourRanks(SingleProcessCommunicator):
+    """As rank 2 of 4 (of 2 nodes of 2 where nodes are asked for), exchanges that finish at once."""
+
+    rank, world_size = 2, 4
+
+
 def test_the_builder_makes_each_optimizer_with_its_betas_and_the_groups() -> None:
     adamw = optim.build_optimizer(Block(), "allreduce", **settings())
     assert type(adamw) is torch.optim.AdamW and adamw.param_groups[0]["betas"] == (0.9, 0.98)
@@ -319,9 +325,6 @@ def test_the_builder_makes_each_optimizer_with_its_betas_and_the_groups() -> Non
     paper = optim.build_optimizer(Block(), "decentralized", **settings(accum_steps=4, second_moment="local"))
     assert isinstance(paper, DecentralizedAdam) and paper.param_groups[0]["accum_steps"] == 4
     paper.close()
-
-    class FourRanks(SingleProcessCommunicator):  # as rank 2 of 4, exchanges that finish at once
-        rank, world_size = 2, 4
 
     given = FourRanks()
     offline = optim.build_optimizer(Block(), "decentralized", **settings(), communicator=given)
@@ -442,9 +445,6 @@ def test_the_recipes_share_the_nodes_second_moment_only_where_it_applies(recipe:
     ]  # fmt: skip
     o = importlib.import_module(f"recipes.{recipe}.config").PRESETS.load(None, chosen).optim
     assert o.share_second_moment_every == 2
-
-    class FourRanks(SingleProcessCommunicator):  # rank 2 of 2 nodes of 2, exchanges that finish at once
-        rank, world_size = 2, 4
 
     shared = optim.build_optimizer(
         Block(), "decentralized", **settings(intra_node="all_reduce", second_moment="group_gradient",

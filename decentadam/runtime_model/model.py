@@ -234,13 +234,13 @@ class Workload:
     with ``node_squares``, before updating, and only nodes gossip; see the module doc). All-Reduce
     ignores it."""
     node_squares: bool = True
+    """With ``intra_node="all_reduce"``: whether the node's all-reduce carries ``g**2`` with ``g``
+    (``second_moment="group_gradient"``, ``2 S`` bytes) or only ``g`` (the other second moments, ``S``)."""
     moment_values: float = 0.0
     """P: with ``share_second_moment_every`` the values of the node's second moment sent with the
     parameters every ``share_every`` steps, 2 bytes each (bfloat16); 0: not shared."""
     share_every: int = 2
     """k_A: DecentralizedAdam's ``share_second_moment_every``, the steps between two such sums."""
-    """With ``intra_node="all_reduce"``: whether the node's all-reduce carries ``g**2`` with ``g``
-    (``second_moment="group_gradient"``, ``2 S`` bytes) or only ``g`` (the other second moments, ``S``)."""
 
     def __post_init__(self) -> None:
         if not self.param_bytes > 0:
