@@ -522,4 +522,9 @@ def test_the_node_averaged_method_asks_the_runtime_model_for_its_node_sums(tmp_p
         2 * node["inter_mb"]
     )
     assert "optim.exchange=bf16_updates" in METHODS["complete-node-bf16"].args
+    # sharing the second moment every 2 steps adds half the bf16 updates' bytes (A, as many values)
+    shared = rates.predictions(METHODS["complete-node-bf16-shared"], calibration | {"params": 7.5e6}, cluster)
+    assert METHODS["complete-node-bf16-shared"].share_every == 2 and method.share_every == 0
+    assert shared["inter_mb"] == pytest.approx(1.5 * bf16["inter_mb"])
+    assert shared["comm_ms"] > bf16["comm_ms"]
     assert parse_args(["--data", str(tmp_path)]).methods == ("allreduce", "aer", "complete")

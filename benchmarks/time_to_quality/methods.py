@@ -30,13 +30,21 @@ class Method:
     """Fields of the runtime model's ``Workload`` that the method sets (its own options)."""
     judged: bool = False
     """Whether the report checks it against issue 21's time-to-quality goals (the methods at
-    ``aer``'s inter-node bytes)."""
+    ``aer``'s inter-node bytes, and the nodes' default with the shared second moment)."""
 
     @property
     def bf16_updates(self) -> bool:
         """Whether it sends bfloat16 updates (``optim.exchange=bf16_updates``): the runtime model's
         ``update_values`` is then the model's parameter count, known after calibration."""
         return "optim.exchange=bf16_updates" in self.args
+
+    @property
+    def share_every(self) -> int:
+        """How often its nodes share their second moment (``optim.share_second_moment_every``; 0:
+        never, the recipes' default): the runtime model's ``moment_values`` is then the model's
+        parameter count too, sent every ``share_every``-th step."""
+        prefix = "optim.share_second_moment_every="
+        return next((int(a[len(prefix) :]) for a in self.args if a.startswith(prefix)), 0)
 
 
 METHODS = {
@@ -77,6 +85,22 @@ METHODS = {
                 "optim.intra_node=all_reduce",
                 "optim.second_moment=group_gradient",
                 "optim.exchange=bf16_updates",
+            ),
+            {"intra_node": "all_reduce"},
+            judged=True,
+        ),
+        Method(
+            "complete-node-bf16-shared",
+            "DecentralizedAdam-complete over nodes, bf16 updates, second moment shared every 2 steps",
+            "complete",
+            (
+                "--optimizer",
+                "decentralized",
+                "optim.topology=complete",
+                "optim.intra_node=all_reduce",
+                "optim.second_moment=group_gradient",
+                "optim.exchange=bf16_updates",
+                "optim.share_second_moment_every=2",
             ),
             {"intra_node": "all_reduce"},
             judged=True,

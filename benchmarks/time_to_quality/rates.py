@@ -67,6 +67,8 @@ def predictions(method: Method, calibration: dict[str, Any], model_cluster: Clus
         bucket_bytes=BUCKET_BYTES,
         hierarchical=True,  # DecentralizedAdam on gloo sums multi-node groups in three phases
         update_values=calibration["params"] if method.bf16_updates else 0.0,
+        moment_values=calibration["params"] if method.share_every else 0.0,
+        share_every=method.share_every or 2,
         **method.workload,
     )
     overlapped = predict(method.model, model_cluster, work)
