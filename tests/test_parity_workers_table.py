@@ -45,6 +45,10 @@ def test_table_runs_each_method_and_resumes(tmp_path: Path, capsys: pytest.Captu
     assert node == pytest.approx([p["valid_nll"] for p in table["All-Reduce"]["2"]["curve"]], rel=1e-5)
     two_nodes = [p["valid_nll"] for p in table["nodes (intra_node=all_reduce)"]["4"]["curve"]]
     assert two_nodes != pytest.approx([p["valid_nll"] for p in table["All-Reduce"]["4"]["curve"]], rel=1e-5)
+    # sharing the nodes' second moment: nothing to share on one node, a different run on two
+    shared = table["nodes, second moment shared every 2 steps"]
+    assert [p["valid_nll"] for p in shared["2"]["curve"]] == pytest.approx(node, rel=1e-5)
+    assert [p["valid_nll"] for p in shared["4"]["curve"]] != pytest.approx(two_nodes, rel=1e-5)
 
     # a second call finds every run on disk and only renders
     capsys.readouterr()

@@ -4,7 +4,8 @@ Runs :mod:`benchmarks.parity.workers` for each worker count and method (All-Redu
 ``DecentralizedAdam`` with each rank's own second moment, ``second_moment=local``; with the
 default ``second_moment=all_ranks``; and with the gradients averaged inside nodes of
 ``optim.local_world_size`` ranks, ``intra_node=all_reduce`` with ``second_moment=group_gradient``,
-which on one node is All-Reduce), one process each, and writes ``OUT/workers.md`` and
+which on one node is All-Reduce; the same with the nodes' second moment shared every 2 steps,
+``share_second_moment_every=2``), one process each, and writes ``OUT/workers.md`` and
 ``OUT/workers.json``: the validation NLL of each run at every evaluation, and its difference to
 All-Reduce's at the same worker count. A run whose JSON is already in ``OUT`` is not repeated, so
 an interrupted table resumes::
@@ -22,25 +23,44 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from benchmarks.parity import workers
 
-METHODS: dict[str, tuple[str, list[str]]] = {
-    "All-Reduce": ("allreduce", []),
-    "own v (local)": ("decentralized", ["optim.second_moment=local"]),
-    "all_ranks (default)": ("decentralized", ["optim.second_moment=all_ranks"]),
-    "nodes (intra_node=all_reduce)": (
+
+class Method(NamedTuple):
+    """One row kind of the table: the optimizer, its overrides, and the stem of its runs' files."""
+
+    optimizer: str
+    overrides: list[str]
+    stem: str
+
+
+METHODS: dict[str, Method] = {
+    "All-Reduce": Method("allreduce", [], "allreduce"),
+    "own v (local)": Method("decentralized", ["optim.second_moment=local"], "decentralized-local"),
+    "all_ranks (default)": Method(
+        "decentralized", ["optim.second_moment=all_ranks"], "decentralized-all_ranks"
+    ),
+    "nodes (intra_node=all_reduce)": Method(
         "decentralized",
         ["optim.intra_node=all_reduce", "optim.second_moment=group_gradient"],
+        "decentralized-all_reduce",
+    ),
+    "nodes, second moment shared every 2 steps": Method(
+        "decentralized",
+        [
+            "optim.intra_node=all_reduce",
+            "optim.second_moment=group_gradient",
+            "optim.share_second_moment_every=2",
+        ],
+        "decentralized-all_reduce-shared2",
     ),
 }
 
 
 def run_name(method: str, n: int) -> str:
-    optimizer, overrides = METHODS[method]
-    suffix = overrides[0].rsplit("=", 1)[1] if overrides else ""
-    return f"{optimizer}{'-' + suffix if suffix else ''}-n{n}.json"
+    return f"{METHODS[method].stem}-n{n}.json"
 
 
 def nll_cell(value: float, reference: float | None) -> str:
@@ -98,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, dict[int, dict[str, Any]]] = {}
     for n in args.workers:
         for method in args.methods:
-            optimizer, overrides = METHODS[method]
+            optimizer, overrides, _ = METHODS[method]
             out = args.out / run_name(method, n)
             if not out.exists():
                 print(f"== {method}, {n} workers -> {out}", flush=True)
