@@ -47,6 +47,16 @@ class Method:
         return next((int(a[len(prefix) :]) for a in self.args if a.startswith(prefix)), 0)
 
 
+NODES_BF16 = (
+    "--optimizer",
+    "decentralized",
+    "optim.topology=complete",
+    "optim.intra_node=all_reduce",
+    "optim.second_moment=group_gradient",
+    "optim.exchange=bf16_updates",
+)
+"""The nodes on ``complete`` with bfloat16 updates (the recipe's arguments of complete-node-bf16)."""
+
 METHODS = {
     m.name: m
     for m in (
@@ -78,14 +88,7 @@ METHODS = {
             "complete-node-bf16",
             "DecentralizedAdam-complete over nodes, bf16 updates",
             "complete",
-            (
-                "--optimizer",
-                "decentralized",
-                "optim.topology=complete",
-                "optim.intra_node=all_reduce",
-                "optim.second_moment=group_gradient",
-                "optim.exchange=bf16_updates",
-            ),
+            NODES_BF16,
             {"intra_node": "all_reduce"},
             judged=True,
         ),
@@ -93,15 +96,7 @@ METHODS = {
             "complete-node-bf16-shared",
             "DecentralizedAdam-complete over nodes, bf16 updates, second moment shared every 2 steps",
             "complete",
-            (
-                "--optimizer",
-                "decentralized",
-                "optim.topology=complete",
-                "optim.intra_node=all_reduce",
-                "optim.second_moment=group_gradient",
-                "optim.exchange=bf16_updates",
-                "optim.share_second_moment_every=2",
-            ),
+            (*NODES_BF16, "optim.share_second_moment_every=2"),
             {"intra_node": "all_reduce"},
             judged=True,
         ),
