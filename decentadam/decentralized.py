@@ -542,8 +542,10 @@ class DecentralizedAdam(Optimizer):
     def _fold_gradient_sum(self, bucket: Bucket, timeout: timedelta | None = None) -> None:
         """Wait for the bucket's gradient sum, if one is pending, and fold its z into A (docstring)."""
         exchange = self._gradient_sums.get(id(bucket))
-        q = 0 if exchange is None else self._wait_pending(exchange, "gradient", timeout)
-        if exchange is None or q <= 1:
+        if exchange is None:
+            return
+        q = self._wait_pending(exchange, "gradient", timeout)
+        if q <= 1:
             return
         z = _group_gradient_sq(exchange.buffer(q), exchange.own, q, self.world_size)  # (numel,) float32
         group = self.param_groups[bucket.group_index]
@@ -577,8 +579,10 @@ class DecentralizedAdam(Optimizer):
     def _fold_moment_share(self, bucket: Bucket, timeout: timedelta | None = None) -> None:
         """Wait for the bucket's A sum, if one is pending, and replace A by the group's mean."""
         share = self._moment_shares.get(id(bucket))
-        q = 0 if share is None else self._wait_pending(share, "second moment", timeout)
-        if share is None or q <= 1:
+        if share is None:
+            return
+        q = self._wait_pending(share, "second moment", timeout)
+        if q <= 1:
             return
         for param, total in zip(bucket.params, share.views, strict=True):
             self.state[param]["group_sq"].copy_(total).div_(q)

@@ -1,9 +1,10 @@
 """How often a step's token types are seen by one node only: where sharing the second moment acts.
 
 With ``intra_node="all_reduce"`` each node's second moment ``A`` comes from its own ranks' batches.
-A token type that only one node's batch holds in a step gives an embedding row a gradient on that
-node alone; that node's ``A`` then holds the whole square where All-Reduce's would hold it divided
-among the nodes, and sharing ``A`` (``share_second_moment_every``) is what removes that difference.
+A token type that only one node's batch holds in a step gives its input-embedding row a gradient
+on that node alone (an output projection gives every row some gradient on every node); that
+node's ``A`` then holds the whole square where All-Reduce's would hold it divided among the
+nodes, and sharing ``A`` (``share_second_moment_every``) is what removes that difference.
 This counts, over the first ``--steps`` steps of the recipe's data order (no training), for source
 and target tokens: the share of the step's types held by one node only, the share of the step's
 token occurrences whose type is one node's only, and the types per step::
@@ -51,11 +52,9 @@ def node_token_stats(
                 per_node.append(
                     np.concatenate([encoded.pair(int(i))[which] for r in ranks for i in batches[r][step]])
                 )
-            seen_by = np.zeros(0, dtype=np.int64)
-            for ids in per_node:
-                types = np.unique(ids)
-                seen_by = np.concatenate([seen_by, types])
-            types, holders = np.unique(seen_by, return_counts=True)
+            # each node's types once: a type's count is then the number of nodes that hold it
+            held = np.concatenate([np.unique(ids) for ids in per_node])
+            types, holders = np.unique(held, return_counts=True)
             alone = types[holders == 1]
             every = np.concatenate(per_node)
             rows[side].append(
