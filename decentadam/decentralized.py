@@ -117,7 +117,7 @@ class DecentralizedAdam(Optimizer):
     whose token only one rank of one node saw), All-Reduce's step needs that node to step ``N``
     times its own Adam step, and the nodes' own ``A`` and the floor ``V / N`` allow ``sqrt(N)``.
     With ``intra_node="all_reduce"`` and ``"group_gradient"``, ``share_second_moment_every=k``
-    (default 2; 0 turns it off) sends the node's ``A``, rounded to bfloat16, with the parameters of
+    (off by default, 0) sends the node's ``A``, rounded to bfloat16, with the parameters of
     every k-th step to the group of that step (an asynchronous sum, like the parameters'); when it
     arrives, at the next step and before that step's ``z`` joins it, ``A`` becomes the group's mean::
 
@@ -135,7 +135,13 @@ class DecentralizedAdam(Optimizer):
     last ``numel % L`` values); a flat ring (NCCL, more nodes) may round it at every hop, which leaves
     ``A`` within a few bfloat16 roundings (2**-9 each) of its exact mean. A sum in flight is folded
     into the state by :meth:`state_dict`, :meth:`wait_for_exchanges` and :meth:`close`, as the
-    gradient sums are, so a resume is exact. Memory: per bucket one bfloat16 buffer.
+    gradient sums are, so a resume is exact. Memory: per bucket one bfloat16 buffer. It is off by
+    default because its bytes can cost more time than its steps save: on Multi30k (2 nodes x 2) it
+    halves the nodes' gap to All-Reduce at 1,200 steps on En-De (0.040 to 0.019 nats, less on
+    En-Fr), but on the emulated slow link, where the exchange bounds the step, its steps were 21%
+    longer and it reached All-Reduce's loss 18% later (docs/parity.md, section 16). Turn it on where
+    the exchange still hides behind compute with it (the runtime model,
+    :mod:`decentadam.runtime_model`, with ``--share-second-moment-every 2``, tells).
 
     Updates instead of parameters. With ``exchange="bf16_updates"`` a rank sends, in bfloat16, how
     far its parameters moved from a reference point ``r`` that every member of its group holds
@@ -188,8 +194,7 @@ class DecentralizedAdam(Optimizer):
             see above).
         share_second_moment_every: with ``intra_node="all_reduce"`` and
             ``second_moment="group_gradient"``, send the node's ``A`` with every k-th exchange and
-            lower the floor to ``V / N**2`` (see above); ``None`` (default): every 2 steps there,
-            not at all with the other settings; 0: each node keeps its own.
+            lower the floor to ``V / N**2`` (see above); 0 (default): each node keeps its own.
         topology: a name for :func:`decentadam.topology.build` or a built :class:`Topology`.
         local_world_size: ranks per node for node-aware topologies ("aer"); default: the
             ``LOCAL_WORLD_SIZE`` environment variable set by torchrun / accelerate launch, else 1.
@@ -226,7 +231,7 @@ class DecentralizedAdam(Optimizer):
         v_every: int | None = None,
         intra_node: IntraNode = "gossip",
         exchange: Exchange = "parameters",
-        share_second_moment_every: int | None = None,
+        share_second_moment_every: int = 0,
         overlap: Overlap = "step",
         foreach: bool | None = None,
         timeout: float | None = None,
@@ -953,22 +958,15 @@ class _MomentShare:
         return cls(total, views_like(total, bucket.params))
 
 
-SHARE_EVERY = 2
-"""``share_second_moment_every``'s default where it applies (``intra_node="all_reduce"`` with
-``second_moment="group_gradient"``): 1 byte per parameter and step."""
-
-
 def _share_every(every: object, second_moment: str, intra_node: str) -> int:
-    """``share_second_moment_every`` resolved: ``None`` is :data:`SHARE_EVERY` where the nodes'
-    ``group_gradient`` estimate exists, else 0 (not shared); 0 turns it off; ``k >= 1`` needs it."""
+    """``share_second_moment_every`` checked: 0 (never) anywhere; ``k >= 1`` needs the nodes'
+    ``group_gradient`` estimate."""
     applies = intra_node == "all_reduce" and second_moment == "group_gradient"
-    if every is None:
-        return SHARE_EVERY if applies else 0
     if not (isinstance(every, int) and not isinstance(every, bool) and every >= 0):
         raise ValueError(
             f"share_second_moment_every must be an integer >= 0 (send the node's second moment every "
             f"that many steps; 0: never), got {every!r}: use 2 (1 byte per parameter and step), or "
-            "leave it out"
+            "0 (the default)"
         )
     if every and not applies:
         raise ValueError(

@@ -47,19 +47,18 @@ CONFIGS_4 = [
     ("ring", 1, 1, "backward", "group_gradient:1"),
     ("aer", 2, 1, "resume:step", "group_gradient:1"),  # saved with a gradient sum in flight
     # "node+": intra_node="all_reduce", the gradients averaged inside nodes of L ranks
-    ("aer", 2, 1, "step", "node+group_gradient+share0"),  # 2 nodes: a rest, then the nodes average
+    ("aer", 2, 1, "step", "node+group_gradient"),  # 2 nodes: a rest, then the nodes average
     ("complete", 2, 1, "backward", "node+all_ranks"),  # all_ranks corrects for N = 2 nodes
     ("ring", 1, 1, "step", "node+local"),  # nodes of one rank: gossip as before
     ("aer", 2, 1, "step", "node+local"),  # the node's own v: only g is summed in the node
-    ("aer", 2, 1, "resume:step", "node+group_gradient+share0"),
+    ("aer", 2, 1, "resume:step", "node+group_gradient"),
     ("complete", 4, 1, "step", "node+group_gradient"),  # one node: All-Reduce's AdamW (nothing shared)
     # "+bf16": exchange="bf16_updates", the nodes' updates from r in bfloat16 (2 nodes: a pair's sum)
-    ("complete", 2, 1, "step", "node+group_gradient+share0+bf16"),
-    # without "+shareK" the default: the nodes' second moment shared every 2nd step
-    ("aer", 2, 1, "step", "node+group_gradient+bf16"),  # a rest every other step: r waits
-    ("aer", 2, 1, "resume:step", "node+group_gradient+bf16"),  # r and A from the state: exact resume
+    ("complete", 2, 1, "step", "node+group_gradient+bf16"),
+    # "+shareK": share_second_moment_every=K (default 0), the nodes' A averaged with every K-th exchange
+    ("aer", 2, 1, "step", "node+group_gradient+share2+bf16"),  # a rest every other step: r waits
+    ("aer", 2, 1, "resume:step", "node+group_gradient+share2+bf16"),  # r and A from the state: exact resume
     ("complete", 2, 1, "backward", "node+all_ranks+bf16"),
-    # "+shareK": share_second_moment_every=K, the nodes' A averaged with every K-th exchange
     ("complete", 2, 1, "step", "node+group_gradient+share2+bf16"),
     ("complete", 2, 1, "resume:step", "node+group_gradient+share2+bf16"),  # an A in flight at the save
     ("aer", 2, 1, "backward", "node+group_gradient+share1"),  # a rest every other step: no A sent
@@ -73,11 +72,11 @@ CONFIGS_8 = [
     ("aer", 2, 4, "backward", "local"),
     ("one-peer-exp", 1, 1, "step", "all_ranks"),
     ("aer", 2, 1, "step", "all_ranks"),
-    ("aer", 2, 1, "step", "node+group_gradient"),  # 4 nodes of 2
-    ("one-peer-exp", 4, 1, "backward", "node+group_gradient"),
+    ("aer", 2, 1, "step", "node+group_gradient+share2"),  # 4 nodes of 2
+    ("one-peer-exp", 4, 1, "backward", "node+group_gradient+share2"),
     # 4 nodes; gloo's bfloat16 sums over 8 ranks round the shared A several times (2e-3 off the
     # simulation's rank order after 30 steps), so here only the updates are bfloat16
-    ("complete", 2, 1, "step", "node+group_gradient+share0+bf16"),
+    ("complete", 2, 1, "step", "node+group_gradient+bf16"),
     ("aer", 2, 1, "step", "node+group_gradient+share1"),  # 4 nodes in changing pairs: A mixes
 ]
 Config = tuple[str, int, int, str, str]
@@ -115,7 +114,7 @@ def parse_second_moment(second_moment: str) -> tuple[str, int, bool, int | None,
     """A config's ``second_moment`` as (name, K, node, share, bf16): ``"group_gradient:K"`` is
     ``second_moment="group_gradient", v_every=K``; a ``"node+"`` prefix is
     ``intra_node="all_reduce"``, a ``"+shareK"`` part ``share_second_moment_every=K`` (``None``
-    where absent: the default), a ``"+bf16"`` suffix ``exchange="bf16_updates"``."""
+    where absent: the default, 0), a ``"+bf16"`` suffix ``exchange="bf16_updates"``."""
     first, *rest = second_moment.split("+")
     node = first == "node"
     if node:
@@ -126,12 +125,8 @@ def parse_second_moment(second_moment: str) -> tuple[str, int, bool, int | None,
 
 
 def share_of(second_moment: str) -> int:
-    """K of a config's shared second moment: the default (2 for the nodes' group_gradient) where
-    no ``"+shareK"`` gives it, 0 where it is not shared."""
-    name, _, node, share, _ = parse_second_moment(second_moment)
-    if share is None:
-        return 2 if node and name == "group_gradient" else 0
-    return share
+    """K of a config's shared second moment: its ``"+shareK"``, else 0 (the default: not shared)."""
+    return parse_second_moment(second_moment)[3] or 0
 
 
 def second_moment_args(second_moment: str) -> dict[str, Any]:
@@ -889,15 +884,15 @@ def test_bad_arguments_name_the_problem(kwargs: dict[str, Any], match: str) -> N
 @pytest.mark.parametrize(
     ("kwargs", "every"),
     [
-        ({"intra_node": "all_reduce", "second_moment": "group_gradient"}, 2),  # the default there
-        ({"intra_node": "all_reduce", "second_moment": "group_gradient", "share_second_moment_every": 0}, 0),
+        ({"intra_node": "all_reduce", "second_moment": "group_gradient"}, 0),  # off by default
+        ({"intra_node": "all_reduce", "second_moment": "group_gradient", "share_second_moment_every": 2}, 2),
         ({"intra_node": "all_reduce", "second_moment": "all_ranks"}, 0),  # no A to share
         ({"second_moment": "group_gradient", "share_second_moment_every": 0}, 0),
     ],
 )
-def test_the_nodes_share_their_second_moment_by_default(kwargs: dict[str, Any], every: int) -> None:
-    """share_second_moment_every=None is 2 with the nodes' group_gradient estimate (2 nodes x 2 here:
-    the floor V / N**2 = V / 4), else 0; 0 keeps each node's own A and the floor V / N."""
+def test_the_nodes_keep_their_own_second_moment_by_default(kwargs: dict[str, Any], every: int) -> None:
+    """share_second_moment_every is 0 unless given: each node keeps its own A and the floor V / N (2
+    nodes x 2 here); k = 2 with the nodes' group_gradient estimate lowers the floor to V / N**2."""
     communicator = SimulatedCluster(4).communicator(0)
     optimizer = DecentralizedAdam(
         nn.Linear(2, 2).parameters(), local_world_size=2, communicator=communicator, **kwargs

@@ -402,7 +402,7 @@ def test_cli_exchange_names_the_option_and_drops_changing_groups(capsys: pytest.
     assert "exchange='bf16_updates')" in out.splitlines()[-1]
 
 
-def test_cli_shared_second_moment_adds_its_bytes_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_shared_second_moment_adds_its_bytes_when_given(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [
         *_argv("25M", 10, nodes=2, gpus_per_node=2, inter_gbps=1), "--intra-node", "all_reduce",
         "--second-moment", "group_gradient", "--exchange", "bf16_updates",
@@ -412,8 +412,8 @@ def test_cli_shared_second_moment_adds_its_bytes_by_default(capsys: pytest.Captu
         assert main([*argv, *share]) == 0
         out = capsys.readouterr().out
         rows[" ".join(share)] = next(line for line in out.splitlines() if line.startswith("| complete |"))
-    assert rows[""] == rows["--share-second-moment-every 2"]  # DecentralizedAdam's default there
-    assert rows[""] != rows["--share-second-moment-every 0"]
+    assert rows[""] == rows["--share-second-moment-every 0"]  # DecentralizedAdam's default: not shared
+    assert rows[""] != rows["--share-second-moment-every 2"]
 
 
 def test_cli_hierarchical_flag_speeds_up_multi_node_groups(capsys: pytest.CaptureFixture[str]) -> None:

@@ -248,7 +248,7 @@ def test_intra_node_all_reduce_reaches_the_optimizer(tmp_path: Path) -> None:
     assert isinstance(optimizer, DecentralizedAdam) and optimizer.intra_node == "all_reduce"
     assert optimizer.second_moment == "group_gradient"
     assert {g["v_every"] for g in optimizer.param_groups} == {1}  # the node's gradients, every step
-    assert optimizer.share_second_moment_every == 2  # DecentralizedAdam's default with these settings
+    assert optimizer.share_second_moment_every == 0  # DecentralizedAdam's default: not shared
     optimizer.close()
     default = _trainer(tmp_path).create_optimizer()
     assert isinstance(default, DecentralizedAdam) and default.intra_node == "gossip"
@@ -257,11 +257,11 @@ def test_intra_node_all_reduce_reaches_the_optimizer(tmp_path: Path) -> None:
     updates = _trainer(tmp_path, exchange="bf16_updates", topology="complete").create_optimizer()
     assert isinstance(updates, DecentralizedAdam) and updates.exchange == "bf16_updates"
     updates.close()
-    own = _trainer(
-        tmp_path, intra_node="all_reduce", second_moment="group_gradient", share_second_moment_every=0
+    shared = _trainer(
+        tmp_path, intra_node="all_reduce", second_moment="group_gradient", share_second_moment_every=2
     ).create_optimizer()
-    assert isinstance(own, DecentralizedAdam) and own.share_second_moment_every == 0
-    own.close()
+    assert isinstance(shared, DecentralizedAdam) and shared.share_second_moment_every == 2
+    shared.close()
 
 
 @pytest.mark.parametrize(

@@ -100,8 +100,8 @@ SCREENS: dict[str, dict[str, tuple[list[str], dict[str, str]]]] = {
             for seed in seeds
         },
     },
-    # the chosen setting with the nodes' second moment shared (share_second_moment_every=2, the
-    # library's default there; the recipe's is 0), four En-De and three En-Fr seeds, and All-Reduce
+    # the chosen setting with the nodes' second moment shared (share_second_moment_every=2; off by
+    # default), four En-De and three En-Fr seeds, and All-Reduce
     # on the En-Fr seeds that bf16-seeds-1200 did not run (its simulated runs are bitwise the same
     # in every screen: copy its de-ar-s*.log and fr-ar-s1.log into --out for the table's differences)
     "shared-seeds-1200": {

@@ -132,10 +132,10 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
     exchange: str = "parameters"
     """"parameters": send the parameters; "bf16_updates": send each rank's update from a shared
     reference point in bfloat16, half the bytes (one fixed group per rank; see DecentralizedAdam)."""
-    share_second_moment_every: int | None = None
+    share_second_moment_every: int = 0
     """With intra_node "all_reduce" and second_moment "group_gradient": send the node's second
     moment with every k-th exchange so the nodes use their mean, floor V / N**2 (see
-    DecentralizedAdam); None: 2 there; 0: each node keeps its own."""
+    DecentralizedAdam, off by default); 0: each node keeps its own."""
     topology: str = "aer"
     """Graph schedule: "complete", "ring", "one-peer-exp" or "aer" (alternating exponential ring)."""
     local_world_size: int | None = None
@@ -182,7 +182,7 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
                 f"`exchange` must be one of {', '.join(map(repr, EXCHANGES))}, but is {self.exchange!r}."
             )
         share = self.share_second_moment_every
-        if share is not None and not share >= 0:
+        if not share >= 0:
             result.add_error(f"`share_second_moment_every` must be an integer >= 0, but is {share}.")
         elif share and (self.intra_node, self.second_moment) != ("all_reduce", "group_gradient"):
             result.add_error(

@@ -79,10 +79,10 @@ class DecentralizedArguments:
     exchange: Literal["parameters", "bf16_updates"] = "parameters"
     """"parameters": send the parameters; "bf16_updates": send each rank's update from a shared
     reference point in bfloat16, half the bytes (one fixed group per rank; see DecentralizedAdam)."""
-    share_second_moment_every: int | None = None
+    share_second_moment_every: int = 0
     """With intra_node="all_reduce" and second_moment="group_gradient": send the node's second
     moment with every k-th exchange so the nodes use their mean, floor V / N**2 (see
-    DecentralizedAdam); None: 2 there; 0: each node keeps its own."""
+    DecentralizedAdam, off by default); 0: each node keeps its own."""
     accum_steps: int = 1
     """AccumAdam window s (with second_moment="local"): Adam moments advance once per s steps with the
     window's mean gradient."""

@@ -126,10 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--share-second-moment-every",
         type=_count_or_zero,
-        default=None,
+        default=0,
         help="DecentralizedAdam(share_second_moment_every=K), with --intra-node all_reduce and "
         "--second-moment group_gradient: the node's second moment (bfloat16) with every K-th exchange "
-        "(default there: 2, as in DecentralizedAdam; 0: not shared)",
+        "(default 0, as in DecentralizedAdam: not shared)",
     )
     parser.add_argument(
         "--second-moment",
@@ -222,9 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     share = args.share_second_moment_every
     applies = (args.intra_node, args.second_moment) == ("all_reduce", "group_gradient")
-    if share is None:
-        args.share_second_moment_every = 2 if applies else 0
-    elif share and not applies:
+    if share and not applies:
         parser.error(
             f"--share-second-moment-every {share}: it shares the nodes' estimate of --intra-node all_reduce "
             "with --second-moment group_gradient; give both, or leave it out"

@@ -167,7 +167,7 @@ def build_optimizer(
             accum_steps=accum_steps, second_moment=second_moment,  # type: ignore[arg-type]
             v_every=v_every if second_moment == "group_gradient" and intra_node == "gossip" else None,
             intra_node=intra_node, topology=topology, exchange=exchange,  # type: ignore[arg-type]
-            share_second_moment_every=share_second_moment_every,  # 0 here: reports reproduce
+            share_second_moment_every=share_second_moment_every,
             local_world_size=min(local_world_size, world_size) if local_world_size else None,
             communicator=communicator, timeout=timeout,
         )  # fmt: skip

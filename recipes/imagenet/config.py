@@ -112,8 +112,7 @@ class OptimConfig:
     """With ``intra_node = "all_reduce"`` and ``second_moment = "group_gradient"``: send the node's
     second-moment estimate with every k-th exchange, so the nodes use their mean, and lower the
     floor to ``V / N**2`` (1 byte per parameter and step at k = 2; DecentralizedAdam's
-    ``share_second_moment_every``, whose default there is 2); 0: each node keeps its own, which the
-    recipes keep by default so that the committed reports' commands reproduce them."""
+    ``share_second_moment_every``, off by default there too); 0: each node keeps its own."""
     accum_steps: int = 1
     """AccumAdam window s (with ``second_moment = "local"``): the moments advance once per s steps
     with the window's mean gradient."""
