@@ -171,6 +171,16 @@ class DecentralizedAdam(Optimizer):
     where gradients must be seen whole first (global gradient-norm clipping, fp16 loss scalers,
     gradient accumulation over several backward passes: the last raises).
 
+    A synchronous warm-up. With ``sync_steps=W`` the first ``W`` steps wait for their exchange
+    right after the update and mix at once, so every rank takes its next gradient at the mixed
+    point (on the complete graph, the ranks' mean: each rank's Adam direction, averaged); later
+    steps overlap as above. The bytes and the arithmetic of the exchange are the same; only ``W``
+    exchanges no longer hide behind compute. Where a rank takes its gradient at its own point,
+    ``x_bar - lr * (D_i - mean_j D_j)``, costs most while the learning rate is high and the model
+    moves fast; docs/parity.md, section 17, measures ``W`` = the learning rate's warm-up on
+    Multi30k. A state saved within the warm-up has no exchange in flight, so a resume there sends
+    none.
+
     Only trainable parameters are bucketed, once, at construction: unfreezing one later, or
     :meth:`add_param_group`, needs a new optimizer (``step()`` raises rather than leave such a
     parameter unchanged). Construction broadcasts rank 0's parameters. Without a process group, in
@@ -200,6 +210,8 @@ class DecentralizedAdam(Optimizer):
             ``LOCAL_WORLD_SIZE`` environment variable set by torchrun / accelerate launch, else 1.
         bucket_size_mb: target size of one communication bucket.
         process_group: the ranks that train together (default: the world).
+        sync_steps: the first this many steps wait for their exchange and mix at once (a
+            synchronous warm-up; see above); 0 (default): every step overlaps.
         overlap: ``"step"`` (exchange overlaps the next forward/backward) or ``"backward"`` (the
             update also overlaps backward; see above).
         foreach: multi-tensor update path (``None``: on CPU and CUDA).
@@ -232,6 +244,7 @@ class DecentralizedAdam(Optimizer):
         intra_node: IntraNode = "gossip",
         exchange: Exchange = "parameters",
         share_second_moment_every: int = 0,
+        sync_steps: int = 0,
         overlap: Overlap = "step",
         foreach: bool | None = None,
         timeout: float | None = None,
@@ -266,6 +279,11 @@ class DecentralizedAdam(Optimizer):
                 "leave v_every out"
             )
         share_second_moment_every = _share_every(share_second_moment_every, second_moment, intra_node)
+        if not (isinstance(sync_steps, int) and not isinstance(sync_steps, bool) and sync_steps >= 0):
+            raise ValueError(
+                f"sync_steps must be an integer >= 0 (how many first steps wait for their exchange), "
+                f"got {sync_steps!r}: use the learning rate's warm-up steps, or 0 (the default)"
+            )
         if second_moment == "group_gradient":
             v_every = (1 if intra_node == "all_reduce" else 2) if v_every is None else v_every
             if not (isinstance(v_every, int) and not isinstance(v_every, bool) and v_every >= 1):
@@ -333,6 +351,7 @@ class DecentralizedAdam(Optimizer):
         self.rank = communicator.rank
         self.world_size = world_size
         self.overlap: Overlap = overlap
+        self.sync_steps = sync_steps  # steps 1..sync_steps mix at once (a synchronous warm-up)
         self.stats = CommStats()
         self._local_update: LocalUpdate = local_update if local_update is not None else step_group
         self._step = 0  # t: completed calls of step()
@@ -400,6 +419,9 @@ class DecentralizedAdam(Optimizer):
             self._backward.end_iteration()
         self._step += 1
         self.stats.steps += 1
+        if self._step <= self.sync_steps:  # synchronous warm-up: the next gradient at the mixed point
+            for bucket in self._buckets:
+                self._mix(bucket)
         return loss
 
     def _step_bucket(self, bucket: Bucket) -> None:
@@ -858,8 +880,9 @@ class DecentralizedAdam(Optimizer):
         for bucket in self._buckets:
             bucket.pending_size = 0
         # Step 0 does not mix (construction made every rank equal), so a state saved before the first
-        # step (or reloaded in place, as Accelerate's device placement does) needs no exchange.
-        self._sync_before_next_step = self.world_size > 1 and self._step > 0
+        # step (or reloaded in place, as Accelerate's device placement does) needs no exchange; nor
+        # does one saved within the synchronous warm-up, whose steps mixed before returning.
+        self._sync_before_next_step = self.world_size > 1 and self._step > self.sync_steps
         # Backward mode: hooks would step the buckets before step() can exchange x(t); run the next
         # iteration from step() (it also recounts the hooks).
         if self._backward is not None:

@@ -62,6 +62,10 @@ CONFIGS_4 = [
     ("complete", 2, 1, "step", "node+group_gradient+share2+bf16"),
     ("complete", 2, 1, "resume:step", "node+group_gradient+share2+bf16"),  # an A in flight at the save
     ("aer", 2, 1, "backward", "node+group_gradient+share1"),  # a rest every other step: no A sent
+    # "syncW:": sync_steps=W, the first W steps mix before returning (a synchronous warm-up)
+    ("complete", 2, 1, "sync20:step", "node+group_gradient+share2+bf16"),
+    ("complete", 2, 1, "resume:sync20:step", "node+group_gradient+share2+bf16"),  # saved within it
+    ("aer", 2, 1, "sync10:backward", "all_ranks"),  # changing groups, then overlapped again
 ]
 CONFIGS_8 = [
     ("complete", 1, 4, "step", "local"),
@@ -155,7 +159,13 @@ def make_optimizer(
         local_world_size=local_world_size,
         bucket_size_mb=1e-4,  # ~100 bytes: several buckets per parameter group
         overlap=overlap.split(":")[-1],  # type: ignore[arg-type]
+        sync_steps=sync_of(overlap),
     )
+
+
+def sync_of(overlap: str) -> int:
+    """W of a config's ``"syncW:"`` part (``sync_steps``), else 0."""
+    return next((int(part.removeprefix("sync")) for part in overlap.split(":") if part.startswith("sync")), 0)
 
 
 def train_worker(rank: int, world_size: int, configs: list[Config]) -> list[dict[str, Any]]:
@@ -205,7 +215,12 @@ def resume(
 
 
 def simulate(
-    name: str, world_size: int, local_world_size: int, accum_steps: int, second_moment: str = "local"
+    name: str,
+    world_size: int,
+    local_world_size: int,
+    accum_steps: int,
+    second_moment: str = "local",
+    sync_steps: int = 0,
 ) -> torch.Tensor:
     """n workers in one process: mix with W(t), then the AccumAdamW formula written out plainly
     (with ``second_moment="all_ranks"``: s = 1 and the noise-corrected second moment, n = world_size;
@@ -213,7 +228,8 @@ def simulate(
     step, which arrive one step later, rounded to bfloat16 and summed in bfloat16 by a pair, in
     float32 by a larger group; with ``"+shareK"`` every K-th step each rank's ``A`` in bfloat16,
     summed over the nodes' group in float32 and rounded once, whose mean replaces ``A`` at the next
-    step before its ``z``, and the floor ``V / N**2``)."""
+    step before its ``z``, and the floor ``V / N**2``). The parameters sent after each of the first
+    ``sync_steps`` steps are mixed before the next gradient instead of after it."""
     # node: intra_node="all_reduce", nodes of L ranks act as one; bf16: exchange="bf16_updates",
     # x += S/m - q, r += S/m; share_every: share_second_moment_every
     kind, v_every, node, _, bf16 = parse_second_moment(second_moment)
@@ -236,7 +252,30 @@ def simulate(
     state = [[dict.fromkeys(("M", "V", "b", "S", "A", "u"), 0.0) for _ in decay] for _ in models]
     sent: list[list[torch.Tensor]] | None = None  # group_gradient: the last step's gradients, if sent
     shared: list[list[torch.Tensor]] | None = None  # share: the last step's A (bf16), if sent
+
+    def mix(step: int) -> torch.Tensor:
+        """x_i <- sum_j W_ij(step) x_j (bf16: x_i += S/m - q_i, r += S/m), as (n, numel)."""
+        mixed = mixing[step % len(mixing)] @ torch.stack([flat(m) for m in models])  # (n, numel)
+        if bf16:
+            updates = [(flat(m) - r).to(torch.bfloat16) for m, r in zip(models, refs, strict=True)]
+            for rank in range(world_size):
+                members = groups.group_of(rank, step)
+                if len(members) == 1:
+                    mixed[rank] = flat(models[rank])
+                    continue
+                total = sum(
+                    (updates[j].float() for j in members), torch.zeros_like(updates[0], dtype=torch.float32)
+                )
+                mean = total.to(torch.bfloat16).double() / len(members)  # summed exactly, rounded once
+                mixed[rank] = flat(models[rank]) + mean - updates[rank].double()
+                refs[rank] = refs[rank] + mean
+        return mixed
+
     for step in range(STEPS):
+        early = 1 <= step <= sync_steps  # step `step` (1-based) mixed before returning: x for this gradient
+        if early:
+            for rank, row in enumerate(mix(step)):
+                torch.nn.utils.vector_to_parameters(row, models[rank].parameters())
         grads = []
         for rank, model in enumerate(models):
             model.zero_grad()
@@ -288,20 +327,7 @@ def simulate(
         sent = None
         if v_every and not node and (step + 1) % v_every == 0:  # with the parameters, to the next group
             sent = [[g.to(torch.bfloat16) for g in rank_grads] for rank_grads in grads]
-        mixed = mixing[step % len(mixing)] @ torch.stack([flat(m) for m in models])  # (n, numel)
-        if bf16:
-            updates = [(flat(m) - r).to(torch.bfloat16) for m, r in zip(models, refs, strict=True)]
-            for rank in range(world_size):
-                members = groups.group_of(rank, step)
-                if len(members) == 1:
-                    mixed[rank] = flat(models[rank])
-                    continue
-                total = sum(
-                    (updates[j].float() for j in members), torch.zeros_like(updates[0], dtype=torch.float32)
-                )
-                mean = total.to(torch.bfloat16).double() / len(members)  # summed exactly, rounded once
-                mixed[rank] = flat(models[rank]) + mean - updates[rank].double()
-                refs[rank] = refs[rank] + mean
+        mixed = torch.stack([flat(m) for m in models]) if early else mix(step)
         t = step + 1
         k = math.ceil(t / accum_steps)
         for rank, model in enumerate(models):
@@ -345,7 +371,7 @@ def test_matches_simulation_of_n_workers(world_size: int, configs: list[Config])
     per_rank = run_distributed(train_worker, world_size, configs, timeout_s=480)
     for index, (name, local_world_size, accum_steps, overlap, second_moment) in enumerate(configs):
         label = f"{name} L={local_world_size} s={accum_steps} overlap={overlap} {second_moment}"
-        expected = simulate(name, world_size, local_world_size, accum_steps, second_moment)
+        expected = simulate(name, world_size, local_world_size, accum_steps, second_moment, sync_of(overlap))
         got = torch.stack([per_rank[r][index]["local"] for r in range(world_size)])
         bf16 = second_moment.endswith("+bf16")
         # bf16 updates: gloo adds a group's bfloat16 values in its own order (the last numel % L of
@@ -355,11 +381,16 @@ def test_matches_simulation_of_n_workers(world_size: int, configs: list[Config])
         shared = share_of(second_moment) and world_size > local_world_size  # A summed over nodes
         atol = 1e-3 if bf16 or shared else 1e-10
         torch.testing.assert_close(got, expected, rtol=0, atol=atol, msg=lambda m, lab=label: f"{lab}: {m}")
+        if sync_of(overlap):  # the warm-up moves the run by far more than the tolerance
+            overlapped = simulate(name, world_size, local_world_size, accum_steps, second_moment)
+            assert (expected - overlapped).abs().max().item() > 10 * atol, label
         if bf16:  # r stays bitwise alike on every rank (the sums arrive alike)
             for r in range(1, world_size):
                 assert torch.equal(per_rank[r][index]["ref"], per_rank[0][index]["ref"]), label
         if overlap.startswith("resume:") and bf16:  # r from the state: exactly the uninterrupted run
-            plain = configs.index((name, local_world_size, accum_steps, overlap.split(":")[1], second_moment))
+            plain = configs.index(
+                (name, local_world_size, accum_steps, overlap.removeprefix("resume:"), second_moment)
+            )
             for r in range(world_size):
                 assert torch.equal(per_rank[r][index]["local"], per_rank[r][plain]["local"]), label
                 assert torch.equal(per_rank[r][index]["ref"], per_rank[r][plain]["ref"]), label
@@ -869,6 +900,10 @@ def test_backward_overlap_rejects_two_backwards_per_step() -> None:
         (
             {"second_moment": "group_gradient", "share_second_moment_every": 2},
             r"share_second_moment_every=2 shares the nodes' .* intra_node='gossip': pass intra_node=",
+        ),
+        (
+            {"sync_steps": -1},
+            r"sync_steps must be an integer >= 0 .* got -1: use the learning rate's warm-up",
         ),
         (
             {"intra_node": "all_reduce", "share_second_moment_every": 2},

@@ -282,6 +282,9 @@ def test_config_validation_of_the_shared_second_moment() -> None:
     assert not DecentralizedAdamConfig(share_second_moment_every=0).validate().has_error()  # off
     errors = str(DecentralizedAdamConfig(share_second_moment_every=-1, **node).validate())
     assert "`share_second_moment_every` must be an integer >= 0, but is -1." in errors
+    assert not DecentralizedAdamConfig(sync_steps=300).validate().has_error()
+    errors = str(DecentralizedAdamConfig(sync_steps=-1).validate())
+    assert "`sync_steps` must be an integer >= 0, but is -1." in errors
 
 
 def test_config_validation_of_intra_node() -> None:

@@ -21,7 +21,6 @@ from benchmarks.parity.gossip_v import gossip_v_update
 from benchmarks.parity.mean_weights import install
 from benchmarks.parity.predicted_point import predicted_update
 from benchmarks.parity.shared_v import shared_v_update
-from benchmarks.parity.sync_first import SyncFirstAdam
 from benchmarks.parity.v_oracle import v_oracle_update
 from decentadam import AccumAdamW, DecentralizedAdam
 from tests.distributed_harness import run_distributed
@@ -133,37 +132,6 @@ def test_mean_weights_puts_every_rank_at_the_mean_of_what_was_sent() -> None:
         assert not torch.equal(plain[0], plain[1])  # without the hook each rank holds its own step
     # step 0 starts from one point either way: the hooked weights are the mean of the plain ones
     torch.testing.assert_close(results[0]["hooked"][0], (results[0]["plain"][0] + results[1]["plain"][0]) / 2)
-
-
-def sync_first_worker(rank: int, world_size: int, exchange: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for sync_steps in (0, 3):
-        model = make_model()
-        optimizer = SyncFirstAdam(
-            model.parameters(), lr=LR, betas=BETAS, eps=EPS, topology="complete", local_world_size=1,
-            exchange=exchange, sync_steps=sync_steps,
-        )  # fmt: skip
-        out[sync_steps] = train(model, optimizer, rank, 6)
-        optimizer.close()
-    return out
-
-
-@pytest.mark.parametrize("exchange", ["parameters", "bf16_updates"])
-def test_sync_first_mixes_its_first_steps_at_once_then_overlaps(exchange: str) -> None:
-    """The first 3 steps end at the ranks' mean (the exchange waited for and mixed right after the
-    update), the next ones at each rank's own point as the library leaves them; with 0 sync steps
-    it is the library."""
-    results = run_distributed(sync_first_worker, 2, exchange)
-    # bf16 updates leave each rank its own rounding residual (2**-9 of a step), not a step apart
-    residual = 0.0 if exchange == "parameters" else 1e-4
-    for step in range(6):
-        synced = [r[3][step] for r in results]
-        apart = (synced[0] - synced[1]).abs().max().item()
-        assert apart <= residual if step < 3 else apart > 1e-3, (step, apart)  # one point, then own
-        assert (results[0][0][step] - results[1][0][step]).abs().max().item() > 1e-3
-    # step 0 starts from one point either way: the mixed weights are the mean of the overlapped ones
-    mean = (results[0][0][0] + results[1][0][0]) / 2
-    torch.testing.assert_close(results[0][3][0], mean, rtol=0, atol=residual)
 
 
 def group_gradient_worker(rank: int, world_size: int) -> dict[str, Any]:

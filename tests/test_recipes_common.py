@@ -467,6 +467,25 @@ def test_the_recipes_share_the_nodes_second_moment_only_where_it_applies(recipe:
         optim.build_optimizer(Block(), "decentralized", **settings(share_second_moment_every=-1))
 
 
+@pytest.mark.parametrize("recipe", ["translation", "imagenet"])
+def test_the_recipes_pass_a_synchronous_warm_up_to_decentralized_adam_only(recipe: str) -> None:
+    import importlib
+
+    o = importlib.import_module(f"recipes.{recipe}.config").PRESETS.load(None, ["optim.sync_steps=300"]).optim
+    assert o.sync_steps == 300
+    synced = optim.build_optimizer(
+        Block(), "decentralized", **settings(sync_steps=o.sync_steps, world_size=4), communicator=FourRanks()
+    )
+    assert isinstance(synced, DecentralizedAdam) and synced.sync_steps == 300
+    synced.close()
+    with pytest.raises(
+        ConfigError, match=r"optim.sync_steps = 300 .* --optimizer allreduce does not take it"
+    ):
+        optim.build_optimizer(Block(), "allreduce", **settings(sync_steps=300))
+    with pytest.raises(ConfigError, match=r"optim.sync_steps = -1: expected an integer >= 0"):
+        optim.build_optimizer(Block(), "decentralized", **settings(sync_steps=-1))
+
+
 def test_build_optimizer_passes_the_exchange_to_decentralized_adam_only() -> None:
     from recipes.common.optim import build_optimizer
 

@@ -262,6 +262,10 @@ def test_intra_node_all_reduce_reaches_the_optimizer(tmp_path: Path) -> None:
     ).create_optimizer()
     assert isinstance(shared, DecentralizedAdam) and shared.share_second_moment_every == 2
     shared.close()
+    synced = _trainer(tmp_path, sync_steps=300).create_optimizer()
+    assert isinstance(synced, DecentralizedAdam) and synced.sync_steps == 300
+    assert default.sync_steps == 0  # every step overlaps
+    synced.close()
 
 
 @pytest.mark.parametrize(

@@ -227,6 +227,12 @@ def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
     world = Workers(cfg, args.workers, args.device)
     optimizer_class = load_class(args.optimizer_class)
     o = cfg.optim
+    if o.sync_steps:
+        raise SystemExit(
+            f"optim.sync_steps = {o.sync_steps}: its steps wait for their exchange before the next rank "
+            "steps, which simulated ranks (one process, ranks in turn) cannot do; run the recipe on "
+            "processes for it, or leave optim.sync_steps out"
+        )
     decentralized = o.optimizer == "decentralized"
     models = world.models if decentralized else world.models[:1]
     cluster = SimulatedCluster(args.workers)

@@ -111,8 +111,9 @@ def analyse(report: dict[str, Any]) -> dict[str, Any]:
 
 def goals(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The checks of each judged method (``aer``, ``aer-node``, ``complete-node-bf16``: those at
-    ``aer``'s inter-node bytes; ``complete-node-bf16-shared`` at 1.5x them, the library's option on
-    the nodes) against All-Reduce (benchmarks.thresholds; empty without All-Reduce's run)."""
+    ``aer``'s inter-node bytes; ``complete-node-bf16-shared`` and ``-shared-sync`` at 1.5x them, the
+    library's options on the nodes) against All-Reduce (benchmarks.thresholds; empty without
+    All-Reduce's run)."""
     base = runs.get(BASELINE)
     if base is None:
         return []

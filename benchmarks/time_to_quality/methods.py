@@ -100,6 +100,15 @@ METHODS = {
             {"intra_node": "all_reduce"},
             judged=True,
         ),
+        Method(
+            "complete-node-bf16-shared-sync",
+            "DecentralizedAdam-complete over nodes, bf16 updates, second moment shared, first 300 steps "
+            "synchronous",
+            "complete",  # the runtime model's step is the overlapped one (the warm-up is measured)
+            (*NODES_BF16, "optim.share_second_moment_every=2", "optim.sync_steps=300"),
+            {"intra_node": "all_reduce"},
+            judged=True,
+        ),
     )
 }
 BASELINE = "allreduce"

@@ -136,6 +136,9 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
     """With intra_node "all_reduce" and second_moment "group_gradient": send the node's second
     moment with every k-th exchange so the nodes use their mean, floor V / N**2 (see
     DecentralizedAdam, off by default); 0: each node keeps its own."""
+    sync_steps: int = 0
+    """The first this many steps wait for their exchange and mix at once (a synchronous warm-up; see
+    DecentralizedAdam); 0: every step overlaps."""
     topology: str = "aer"
     """Graph schedule: "complete", "ring", "one-peer-exp" or "aer" (alternating exponential ring)."""
     local_world_size: int | None = None
@@ -189,6 +192,8 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
                 f"`share_second_moment_every` is {share}, but it shares the nodes' second moment of "
                 "`intra_node: all_reduce` with `second_moment: group_gradient`: set those, or leave it out."
             )
+        if not self.sync_steps >= 0:
+            result.add_error(f"`sync_steps` must be an integer >= 0, but is {self.sync_steps}.")
         if not self.bucket_size_mb > 0:
             result.add_error(f"`bucket_size_mb` must be > 0, but is {self.bucket_size_mb}.")
         if self.timeout is not None and not self.timeout > 0:
@@ -252,6 +257,7 @@ def _decentralized(resolver: DependencyResolver, config: DecentralizedAdamConfig
         intra_node=config.intra_node,  # type: ignore[arg-type]
         exchange=config.exchange,  # type: ignore[arg-type]
         share_second_moment_every=config.share_second_moment_every,
+        sync_steps=config.sync_steps,
         topology=config.topology,
         local_world_size=config.local_world_size,
         bucket_size_mb=config.bucket_size_mb,

@@ -83,6 +83,9 @@ class DecentralizedArguments:
     """With intra_node="all_reduce" and second_moment="group_gradient": send the node's second
     moment with every k-th exchange so the nodes use their mean, floor V / N**2 (see
     DecentralizedAdam, off by default); 0: each node keeps its own."""
+    sync_steps: int = 0
+    """The first this many steps wait for their exchange and mix at once (a synchronous warm-up; see
+    DecentralizedAdam); 0: every step overlaps."""
     accum_steps: int = 1
     """AccumAdam window s (with second_moment="local"): Adam moments advance once per s steps with the
     window's mean gradient."""
@@ -178,6 +181,7 @@ class DecentralizedTrainer(Trainer):
             intra_node=config.intra_node,
             exchange=config.exchange,
             share_second_moment_every=config.share_second_moment_every,
+            sync_steps=config.sync_steps,
             topology=config.topology,
             local_world_size=config.local_world_size,
             bucket_size_mb=config.bucket_size_mb,

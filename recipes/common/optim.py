@@ -80,6 +80,7 @@ def build_optimizer(
     intra_node: str = "gossip",
     exchange: str = "parameters",
     share_second_moment_every: int = 0,
+    sync_steps: int = 0,
     topology: str = "aer",
     local_world_size: int = 0,
     world_size: int = 1,
@@ -99,8 +100,10 @@ def build_optimizer(
     average their gradients; DecentralizedAdam only). ``exchange="bf16_updates"`` (DecentralizedAdam
     only) sends each rank's update in bfloat16 instead of its parameters. ``share_second_moment_every=k
     > 0`` (DecentralizedAdam with ``intra_node="all_reduce"`` and ``second_moment="group_gradient"``)
-    sends the nodes' second moment with every k-th exchange. Raises ConfigError for an unknown optimizer
-    or algorithm, and for a decentralized run with ``sgd`` (DecentralizedAdam is AccumAdamW).
+    sends the nodes' second moment with every k-th exchange. ``sync_steps=W`` (DecentralizedAdam only)
+    makes the first W steps wait for their exchange and mix at once. Raises ConfigError for an
+    unknown optimizer or algorithm, and for a decentralized run with ``sgd`` (DecentralizedAdam is
+    AccumAdamW).
     ``communicator`` replaces DecentralizedAdam's torch.distributed collectives (the time-to-quality
     benchmark times its step with exchanges that finish at once). ``timeout``: the seconds
     DecentralizedAdam waits for one exchange before raising (None: the process group's).
@@ -148,6 +151,17 @@ def build_optimizer(
             "--optimizer decentralized optim.intra_node=all_reduce optim.second_moment=group_gradient, or "
             "optim.share_second_moment_every=0"
         )
+    if not (isinstance(sync_steps, int) and sync_steps >= 0):
+        raise ConfigError(
+            f"optim.sync_steps = {sync_steps!r}: expected an integer >= 0 (how many first steps wait for "
+            "their exchange; 0: every step overlaps)"
+        )
+    if sync_steps and optimizer != "decentralized":
+        raise ConfigError(
+            f"optim.sync_steps = {sync_steps} makes DecentralizedAdam's first steps wait for their "
+            f"exchange; --optimizer {optimizer} does not take it: use --optimizer decentralized, or "
+            "optim.sync_steps=0"
+        )
     if intra_node == "all_reduce" and optimizer != "decentralized":
         raise ConfigError(
             f"optim.intra_node = 'all_reduce' averages gradients inside nodes before DecentralizedAdam's "
@@ -167,7 +181,7 @@ def build_optimizer(
             accum_steps=accum_steps, second_moment=second_moment,  # type: ignore[arg-type]
             v_every=v_every if second_moment == "group_gradient" and intra_node == "gossip" else None,
             intra_node=intra_node, topology=topology, exchange=exchange,  # type: ignore[arg-type]
-            share_second_moment_every=share_second_moment_every,
+            share_second_moment_every=share_second_moment_every, sync_steps=sync_steps,
             local_world_size=min(local_world_size, world_size) if local_world_size else None,
             communicator=communicator, timeout=timeout,
         )  # fmt: skip

@@ -113,6 +113,10 @@ class OptimConfig:
     second-moment estimate with every k-th exchange, so the nodes use their mean, and lower the
     floor to ``V / N**2`` (1 byte per parameter and step at k = 2; DecentralizedAdam's
     ``share_second_moment_every``, off by default there too); 0: each node keeps its own."""
+    sync_steps: int = 0
+    """DecentralizedAdam's synchronous warm-up: the first this many steps wait for their exchange and
+    mix at once, so every rank takes its next gradient at the mixed point (later steps overlap); 0:
+    every step overlaps."""
     accum_steps: int = 1
     """AccumAdam window s (with ``second_moment = "local"``): the moments advance once per s steps
     with the window's mean gradient."""

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         betas_allreduce=o.betas_allreduce, betas_decentralized=o.betas_decentralized, eps=o.eps,
         momentum=o.momentum, nesterov=o.nesterov, accum_steps=o.accum_steps,
         second_moment=o.second_moment, v_every=o.v_every, intra_node=o.intra_node, topology=o.topology,
-        exchange=o.exchange, share_second_moment_every=o.share_second_moment_every,
+        exchange=o.exchange, share_second_moment_every=o.share_second_moment_every, sync_steps=o.sync_steps,
         local_world_size=o.local_world_size, world_size=world, graph=o.graph, rate=o.rate, seed=t.seed,
     )  # fmt: skip
     warmup = round(o.warmup_epochs * steps_per_epoch)

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         model, o.optimizer, lr=o.lr, weight_decay=o.weight_decay, betas_allreduce=o.betas_allreduce,
         betas_decentralized=o.betas_decentralized, eps=o.eps, accum_steps=o.accum_steps,
         second_moment=o.second_moment, v_every=o.v_every, intra_node=o.intra_node, topology=o.topology,
-        exchange=o.exchange, share_second_moment_every=o.share_second_moment_every,
+        exchange=o.exchange, share_second_moment_every=o.share_second_moment_every, sync_steps=o.sync_steps,
         local_world_size=o.local_world_size, world_size=world, timeout=t.timeout_s or None,
     )  # fmt: skip
     warmup = max(o.warmup_steps, 1)
