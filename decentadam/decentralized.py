@@ -175,11 +175,11 @@ class DecentralizedAdam(Optimizer):
     right after the update and mix at once, so every rank takes its next gradient at the mixed
     point (on the complete graph, the ranks' mean: each rank's Adam direction, averaged); later
     steps overlap as above. The bytes and the arithmetic of the exchange are the same; only ``W``
-    exchanges no longer hide behind compute. Where a rank takes its gradient at its own point,
-    ``x_bar - lr * (D_i - mean_j D_j)``, costs most while the learning rate is high and the model
-    moves fast; docs/parity.md, section 17, measures ``W`` = the learning rate's warm-up on
-    Multi30k. A state saved within the warm-up has no exchange in flight, so a resume there sends
-    none.
+    exchanges no longer hide behind compute. That a rank takes its gradient at its own point,
+    ``x_bar - lr * (D_i - mean_j D_j)`` on the complete graph, was about half of the nodes' gap to
+    All-Reduce at step 400 on Multi30k En-De (docs/parity.md, section 13); section 17 measures
+    ``W`` = the learning rate's warm-up there. A state saved within the warm-up has no exchange in
+    flight, so a resume there sends none.
 
     Only trainable parameters are bucketed, once, at construction: unfreezing one later, or
     :meth:`add_param_group`, needs a new optimizer (``step()`` raises rather than leave such a
