@@ -814,6 +814,7 @@ class DecentralizedAdam(Optimizer):
             "second_moment": self.second_moment,
             "v_every": self._v_every,
             "share_second_moment_every": self.share_second_moment_every,
+            "sync_steps": self.sync_steps,
             **self._groups_layout(),
         }
         return state
@@ -873,6 +874,7 @@ class DecentralizedAdam(Optimizer):
                     self.exchange,
                 )
             self._step = int(extra["step"])
+        saved_sync_steps = int(extra.get("sync_steps", 0)) if extra is not None else self.sync_steps
         self.wait_for_exchanges()
         # r is shared by the group the state was saved in: another layout of groups, or no r, takes
         # one exchange of the whole parameters instead (then r is their mean)
@@ -881,8 +883,9 @@ class DecentralizedAdam(Optimizer):
             bucket.pending_size = 0
         # Step 0 does not mix (construction made every rank equal), so a state saved before the first
         # step (or reloaded in place, as Accelerate's device placement does) needs no exchange; nor
-        # does one saved within the synchronous warm-up, whose steps mixed before returning.
-        self._sync_before_next_step = self.world_size > 1 and self._step > self.sync_steps
+        # does one saved within its synchronous warm-up (the sync_steps it was saved with), whose
+        # steps mixed before returning.
+        self._sync_before_next_step = self.world_size > 1 and self._step > saved_sync_steps
         # Backward mode: hooks would step the buckets before step() can exchange x(t); run the next
         # iteration from step() (it also recounts the hooks).
         if self._backward is not None:

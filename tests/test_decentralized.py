@@ -832,6 +832,32 @@ def test_comm_stats_count_this_process_steps_and_snapshot_copies() -> None:
     assert (optimizer.step_count, optimizer.stats.steps) == (10, 3)
 
 
+@pytest.mark.parametrize(
+    ("saved_step", "saved_sync", "now_sync", "exchanges"),
+    [
+        (200, 300, 300, False),  # saved inside the warm-up: nothing was in flight
+        (300, 300, 300, False),  # its last step mixed before returning
+        (301, 300, 300, True),  # overlapped: x(t) was in flight and is sent again
+        (400, 0, 500, True),  # what the state was saved with decides, not the new warm-up
+        (200, 300, 0, False),
+    ],
+)
+def test_a_resume_exchanges_again_only_what_was_in_flight(
+    saved_step: int, saved_sync: int, now_sync: int, exchanges: bool
+) -> None:
+    """The parameters of a step inside the synchronous warm-up were mixed before step() returned,
+    so a resume there sends no exchange first; after it, x(t) is exchanged again (bitwise resume,
+    tested in test_matches_simulation_of_n_workers with "resume:sync20:step")."""
+    optimizer = DecentralizedAdam(
+        nn.Linear(2, 2).parameters(), topology="complete", sync_steps=now_sync,
+        communicator=SimulatedCluster(2).communicator(0),
+    )  # fmt: skip
+    state = optimizer.state_dict()
+    state["decentralized"].update(step=saved_step, sync_steps=saved_sync)
+    optimizer.load_state_dict(state)
+    assert optimizer._sync_before_next_step is exchanges
+
+
 def test_launched_without_process_group_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(RuntimeError, match="not initialised"):
