@@ -28,7 +28,7 @@ from decentadam.collectives import (
     Handle,
     default_communicator,
 )
-from decentadam.optim.accum_adamw import ParamsT, check_group, make_defaults, step_group
+from decentadam.optim.accum_adamw import ParamsT, check_group, is_count, make_defaults, step_group
 from decentadam.topology import Group, Topology, changing_groups, over_nodes, resolve
 
 __all__ = ["EXCHANGES", "INTRA_NODE", "SECOND_MOMENTS", "CommStats", "DecentralizedAdam", "LocalUpdate"]
@@ -279,14 +279,14 @@ class DecentralizedAdam(Optimizer):
                 "leave v_every out"
             )
         share_second_moment_every = _share_every(share_second_moment_every, second_moment, intra_node)
-        if not (isinstance(sync_steps, int) and not isinstance(sync_steps, bool) and sync_steps >= 0):
+        if not is_count(sync_steps, 0):
             raise ValueError(
                 f"sync_steps must be an integer >= 0 (how many first steps wait for their exchange), "
                 f"got {sync_steps!r}: use the learning rate's warm-up steps, or 0 (the default)"
             )
         if second_moment == "group_gradient":
             v_every = (1 if intra_node == "all_reduce" else 2) if v_every is None else v_every
-            if not (isinstance(v_every, int) and not isinstance(v_every, bool) and v_every >= 1):
+            if not is_count(v_every, 1):
                 raise ValueError(
                     f"v_every must be an integer >= 1 (send the gradient every v_every steps), got "
                     f"{v_every!r}: use 1 for every step, 2 (the default) for every other step"
@@ -988,7 +988,7 @@ def _share_every(every: object, second_moment: str, intra_node: str) -> int:
     """``share_second_moment_every`` checked: 0 (never) anywhere; ``k >= 1`` needs the nodes'
     ``group_gradient`` estimate."""
     applies = intra_node == "all_reduce" and second_moment == "group_gradient"
-    if not (isinstance(every, int) and not isinstance(every, bool) and every >= 0):
+    if not is_count(every, 0):
         raise ValueError(
             f"share_second_moment_every must be an integer >= 0 (send the node's second moment every "
             f"that many steps; 0: never), got {every!r}: use 2 (1 byte per parameter and step), or "

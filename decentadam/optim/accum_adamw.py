@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple, TypeAlias
+from typing import Any, NamedTuple, TypeAlias, TypeGuard
 
 import torch
 from torch import Tensor
@@ -137,6 +137,12 @@ def make_defaults(
     return defaults
 
 
+def is_count(value: object, least: int) -> TypeGuard[int]:
+    """Whether ``value`` is an ``int`` (not a ``bool``) of at least ``least``: the check of every
+    step count and period among the optimizers' arguments."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
 def check_group(group: dict[str, Any]) -> None:
     """Raise ValueError naming the first invalid hyper-parameter of a param group (or the defaults).
 
@@ -157,10 +163,10 @@ def check_group(group: dict[str, Any]) -> None:
         raise ValueError(f"eps must be >= 0, got {eps}{where}")
     if not weight_decay >= 0.0:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}{where}")
-    if not (isinstance(accum_steps, int) and not isinstance(accum_steps, bool) and accum_steps >= 1):
+    if not is_count(accum_steps, 1):
         raise ValueError(f"accum_steps must be an integer >= 1, got {accum_steps!r}{where}")
     noise_ranks = group.setdefault("noise_ranks", 1)  # groups saved before noise_ranks existed
-    if not (isinstance(noise_ranks, int) and not isinstance(noise_ranks, bool) and noise_ranks >= 1):
+    if not is_count(noise_ranks, 1):
         raise ValueError(f"noise_ranks must be an integer >= 1, got {noise_ranks!r}{where}")
     if noise_ranks > 1 and accum_steps > 1:
         raise ValueError(
