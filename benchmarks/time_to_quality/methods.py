@@ -30,7 +30,8 @@ class Method:
     """Fields of the runtime model's ``Workload`` that the method sets (its own options)."""
     judged: bool = False
     """Whether the report checks it against issue 21's time-to-quality goals (the methods at
-    ``aer``'s inter-node bytes, and the nodes' default with the shared second moment)."""
+    ``aer``'s inter-node bytes, and the nodes' options: the shared second moment, the synchronous
+    warm-up)."""
 
     @property
     def bf16_updates(self) -> bool:
