@@ -28,16 +28,31 @@ from decentadam.collectives import (
     Handle,
     default_communicator,
 )
-from decentadam.optim.accum_adamw import ParamsT, check_group, is_count, make_defaults, step_group
-from decentadam.topology import Group, Topology, changing_groups, over_nodes, resolve
+from decentadam.optim.accum_adamw import (
+    ParamsT,
+    check_group,
+    corrected_second_moment,
+    is_count,
+    make_defaults,
+    step_group,
+)
+from decentadam.topology import (
+    Group,
+    Topology,
+    changing_groups,
+    has_global_round,
+    over_nodes,
+    resolve,
+    with_global_average,
+)
 
 __all__ = ["EXCHANGES", "INTRA_NODE", "SECOND_MOMENTS", "CommStats", "DecentralizedAdam", "LocalUpdate"]
 
 logger = logging.getLogger(__name__)
 
 Overlap = Literal["step", "backward"]
-SecondMoment = Literal["all_ranks", "local", "group_gradient"]
-SECOND_MOMENTS: tuple[SecondMoment, ...] = ("all_ranks", "local", "group_gradient")
+SecondMoment = Literal["all_ranks", "local", "group_gradient", "global"]
+SECOND_MOMENTS: tuple[SecondMoment, ...] = ("all_ranks", "local", "group_gradient", "global")
 IntraNode = Literal["gossip", "all_reduce"]
 INTRA_NODE: tuple[IntraNode, ...] = ("gossip", "all_reduce")
 Exchange = Literal["parameters", "bf16_updates"]
@@ -244,6 +259,7 @@ class DecentralizedAdam(Optimizer):
         intra_node: IntraNode = "gossip",
         exchange: Exchange = "parameters",
         share_second_moment_every: int = 0,
+        average_every: int = 0,
         sync_steps: int = 0,
         overlap: Overlap = "step",
         foreach: bool | None = None,
@@ -329,8 +345,23 @@ class DecentralizedAdam(Optimizer):
                 )
         else:
             self.topology = resolve(topology, world_size, local_world_size)
+        if not is_count(average_every, 0):
+            raise ValueError(
+                f"average_every must be an integer >= 0 (every that many steps the exchange is the exact "
+                f"average over all ranks; 0: never), got {average_every!r}"
+            )
+        self.topology = with_global_average(self.topology, average_every)
+        # r (bf16_updates) is alike on a rank's one fixed group, or, where groups change, on every
+        # rank: it then moves only at the exact averages over all ranks
+        self._fixed_groups = changing_groups(self.topology) is None
         if exchange == "bf16_updates":
             _check_fixed_groups(self.topology, intra_node)
+        if second_moment == "global" and not has_global_round(self.topology):
+            raise ValueError(
+                f"second_moment='global' averages the ranks' second moments at the exact averages over "
+                f"all ranks, but topology {self.topology.name!r} has none: pass average_every=k (e.g. 16) "
+                "or topology='complete'"
+            )
         self.exchange: Exchange = exchange
         self.second_moment: SecondMoment = second_moment
         self._v_every = v_every  # k, for second_moment="group_gradient" only
@@ -368,6 +399,8 @@ class DecentralizedAdam(Optimizer):
                 self._node_sums = {id(b): _NodeSum.of(b, squares) for b in self._buckets}
             if share_second_moment_every and self.topology.world_size > len(self._node):
                 self._moment_shares = {id(b): _MomentShare.of(b) for b in self._buckets}
+        if second_moment == "global" and world_size > len(self._node):
+            self._moment_shares = {id(b): _MomentShare.of(b) for b in self._buckets}
         elif second_moment == "group_gradient" and world_size > 1:
             sizes = {len(g) for g in self.topology.distinct_groups() if self.rank in g}
             self._gradient_sums = {id(b): _GradientSum.of(b, sizes) for b in self._buckets}
@@ -441,15 +474,18 @@ class DecentralizedAdam(Optimizer):
             return
         self._wait(bucket)
         updates = self._updates.get(id(bucket))
+        # r moves with a rank's one fixed group, or with the exact average over every rank
+        moves_ref = self._fixed_groups or bucket.pending_size == self.world_size
         if updates is not None and not updates.whole:  # x_i += S/m - q_i, r += S/m (docstring)
             mean = bucket.buffer.copy_(updates.total).div_(bucket.pending_size)
-            updates.ref.add_(mean)
+            if moves_ref:
+                updates.ref.add_(mean)
             mean.sub_(updates.own)
             torch._foreach_add_(bucket.params, bucket.views)
         else:
             for param, view in zip(bucket.params, bucket.views, strict=True):
                 torch.div(view, bucket.pending_size, out=param)  # one pass: scale while copying
-            if updates is not None:  # a whole exchange (after a resume without r): r is its mean
+            if updates is not None and moves_ref:  # a whole exchange (resumed without r): r is its mean
                 torch._foreach_copy_(updates.ref_views, bucket.params)
                 updates.whole = False
         bucket.pending_size = 0
@@ -590,14 +626,24 @@ class DecentralizedAdam(Optimizer):
         """``share_second_moment_every=k``: every k steps, send this node's A (bf16) to the nodes of
         the group of ``step``, with the parameters."""
         share = self._moment_shares.get(id(bucket))  # none where k = 0
-        if share is None or step % self.share_second_moment_every:
+        if share is None:
             return
         group = self.topology.group_of(self.rank, step)
-        if len(group) == 1:
+        if self.second_moment == "global":  # at the exact averages: this rank's all_ranks v
+            if len(group) != self.world_size:
+                return
+            for param, view in zip(bucket.params, share.views, strict=True):
+                st = self.state[param]
+                if "exp_avg_sq" not in st:  # no gradient yet on this rank: no estimate to give
+                    view.zero_()
+                else:
+                    view.copy_(corrected_second_moment(st, self.param_groups[bucket.group_index]))
+        elif step % self.share_second_moment_every or len(group) == 1:
             return
-        for param, view in zip(bucket.params, share.views, strict=True):
-            # every parameter has A: the node's sum gave it a gradient and z before this update
-            view.copy_(self.state[param]["group_sq"])  # rounds to bfloat16
+        else:
+            for param, view in zip(bucket.params, share.views, strict=True):
+                # every parameter has A: the node's sum gave it a gradient and z before this update
+                view.copy_(self.state[param]["group_sq"])  # rounds to bfloat16
         with self._explain_failure(step, "start", "second moment"):
             share.handle = self.communicator.group_sum(share.total, group)
         share.size = len(group)
@@ -611,8 +657,12 @@ class DecentralizedAdam(Optimizer):
         q = self._wait_pending(share, "second moment", timeout)
         if q <= 1:
             return
+        key = "shared_sq" if self.second_moment == "global" else "group_sq"
         for param, total in zip(bucket.params, share.views, strict=True):
-            self.state[param]["group_sq"].copy_(total).div_(q)
+            st = self.state[param]
+            if key not in st:
+                st[key] = torch.empty_like(param)
+            st[key].copy_(total).div_(q)
 
     def _wait_pending(
         self, exchange: _GradientSum | _MomentShare, kind: str, timeout: timedelta | None
@@ -893,16 +943,19 @@ class DecentralizedAdam(Optimizer):
 
 
 def _check_fixed_groups(topology: Topology, intra_node: IntraNode) -> None:
-    """exchange="bf16_updates": every rank must average with one fixed group (its r is that group's)."""
+    """exchange="bf16_updates": every rank averages with one fixed group (its r is that group's), or
+    the groups change and some steps average every rank exactly (r is then every rank's, and moves
+    only at those steps)."""
     found = changing_groups(topology)
-    if found is not None:
+    if found is not None and not has_global_round(topology):
         rank, groups = found
         where = "over the nodes " if intra_node == "all_reduce" else ""
         raise ValueError(
             f"exchange='bf16_updates' sends updates from a reference point that a rank shares "
-            f"with one fixed group, but topology {topology.name!r} {where}gives rank {rank} "
-            f"{len(groups)} different groups ({groups}): use topology='complete' (or, "
-            "with intra_node='all_reduce', 2 nodes), or exchange='parameters'"
+            f"with every rank it averages with, but topology {topology.name!r} {where}gives rank {rank} "
+            f"{len(groups)} different groups ({groups}) and never averages all ranks, where that "
+            "point would be renewed: pass average_every=k (e.g. 16), use topology='complete', or "
+            "exchange='parameters'"
         )
 
 

@@ -42,7 +42,18 @@ import torch
 Group = tuple[int, ...]
 Round = tuple[Group, ...]
 
-__all__ = ["TOPOLOGIES", "Group", "Round", "Topology", "build", "changing_groups", "over_nodes", "resolve"]
+__all__ = [
+    "TOPOLOGIES",
+    "Group",
+    "Round",
+    "Topology",
+    "build",
+    "changing_groups",
+    "has_global_round",
+    "over_nodes",
+    "resolve",
+    "with_global_average",
+]
 
 
 @dataclass(frozen=True)
@@ -273,6 +284,35 @@ def over_nodes(topology: str | Topology, world_size: int, local_world_size: int)
     return Topology(
         name=among_nodes.name, world_size=world_size, local_world_size=local_world_size, rounds=tuple(rounds)
     )
+
+
+def with_global_average(topology: Topology, every: int) -> Topology:
+    """``topology`` with every ``every``-th step an exact average: the group of all ranks.
+
+    Round ``t`` is the group of every rank where ``t % every == 0`` and ``topology``'s round
+    ``t % period`` otherwise; the period becomes ``lcm(period, every)``. ``every=1`` is ``complete``;
+    ``every=0`` returns ``topology`` unchanged. (Step 0 never mixes: every rank starts from the same
+    weights; the first exact average is at step ``every``.) The name says both:
+    ``"one-peer-exp+avg16"``.
+    """
+    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+        raise ValueError(f"the exact average's period must be an integer >= 0 (0: never), got {every!r}")
+    if every == 0 or topology.world_size == 1:
+        return topology
+    world: Round = (tuple(range(topology.world_size)),)
+    period = math.lcm(topology.period, every)
+    rounds = tuple(world if t % every == 0 else topology.rounds[t % topology.period] for t in range(period))
+    return Topology(
+        name=f"{topology.name}+avg{every}",
+        world_size=topology.world_size,
+        local_world_size=topology.local_world_size,
+        rounds=rounds,
+    )
+
+
+def has_global_round(topology: Topology) -> bool:
+    """Whether some step averages every rank exactly (one group of all ranks)."""
+    return any(len(groups) == 1 for groups in topology.rounds)
 
 
 def changing_groups(topology: Topology) -> tuple[int, list[Group]] | None:

@@ -29,6 +29,7 @@ import math
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +224,20 @@ def load_class(path: str) -> type[DecentralizedAdam]:
     return found
 
 
-def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
+def train(
+    args: argparse.Namespace,
+    cfg: config.Config,
+    options: dict[str, Any] | None = None,
+    communicator: Callable[[int, Any], Any] | None = None,
+    on_step: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Train ``args.workers`` simulated ranks; returns the curve, the training losses and, for the
+    decentralized optimizer, the ranks' exchange counters (``stats``).
+
+    ``options`` replace the DecentralizedAdam arguments of the algorithm read from ``cfg.optim``
+    (its second moment, graph, exchange...; ``{}``: the optimizer's defaults); ``communicator(rank,
+    simulated)`` may wrap each rank's simulated communicator (to count what it sends); ``on_step(t)``
+    is called before the ranks' step ``t`` (1-based)."""
     world = Workers(cfg, args.workers, args.device)
     optimizer_class = load_class(args.optimizer_class)
     o = cfg.optim
@@ -237,29 +251,32 @@ def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
     models = world.models if decentralized else world.models[:1]
     cluster = SimulatedCluster(args.workers)
     optimizers: list[Any] = []
-    node_sums = o.intra_node == "all_reduce"  # the ranks of a node average their gradients first
+    # the ranks of a node average their gradients first
+    node_sums = (options or {}).get("intra_node", o.intra_node) == "all_reduce"
     nodes_of = node_size(o.local_world_size, args.workers, node_sums)
     for rank, model in enumerate(models):
         model.train()
         if decentralized:
-            optimizers.append(
-                optimizer_class(
-                    param_groups(model, o.weight_decay),
-                    lr=o.lr,
-                    betas=o.betas_decentralized,
-                    eps=o.eps,
-                    weight_decay=o.weight_decay,
-                    accum_steps=o.accum_steps,
-                    second_moment=o.second_moment,  # type: ignore[arg-type]
-                    v_every=o.v_every if o.second_moment == "group_gradient" and not node_sums else None,
-                    intra_node=o.intra_node,  # type: ignore[arg-type]
-                    topology=o.topology,
-                    exchange=o.exchange,  # type: ignore[arg-type]
-                    share_second_moment_every=o.share_second_moment_every,
-                    local_world_size=nodes_of,
-                    communicator=cluster.communicator(rank),
-                )
-            )
+            simulated = cluster.communicator(rank)
+            algorithm: dict[str, Any] = {
+                "accum_steps": o.accum_steps,
+                "second_moment": o.second_moment,
+                "v_every": o.v_every if o.second_moment == "group_gradient" and not node_sums else None,
+                "intra_node": o.intra_node,
+                "topology": o.topology,
+                "exchange": o.exchange,
+                "share_second_moment_every": o.share_second_moment_every,
+            }
+            kwargs: dict[str, Any] = {
+                "lr": o.lr,
+                "betas": o.betas_decentralized,
+                "eps": o.eps,
+                "weight_decay": o.weight_decay,
+                "local_world_size": nodes_of,
+                **(algorithm if options is None else options),
+                "communicator": communicator(rank, simulated) if communicator else simulated,
+            }
+            optimizers.append(optimizer_class(param_groups(model, o.weight_decay), **kwargs))
         else:
             optimizers.append(
                 build_optimizer(
@@ -277,14 +294,15 @@ def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
     evaluator = world.new_model()
     curve, losses, begin = [], [], time.perf_counter()
     for step in range(1, args.steps + 1):
+        if on_step is not None:
+            on_step(step)
         step_losses = []
         if decentralized:
             for rank, (model, opt) in enumerate(zip(models, optimizers, strict=True)):
                 opt.zero_grad(set_to_none=True)
                 step_losses.append(world.backward(rank, model))
-            if node_sums:  # every node's all-reduce starts before any rank waits for its own
-                for opt in optimizers:
-                    opt.start_gradient_sums()
+            for opt in optimizers:  # intra_node="all_reduce": every node's sum starts before any
+                opt.start_gradient_sums()  # rank waits for its own (a no-op otherwise)
             for opt in optimizers:  # lock step, in rank order
                 opt.step()
         else:
@@ -327,6 +345,8 @@ def train(args: argparse.Namespace, cfg: config.Config) -> dict[str, Any]:
     return {
         "curve": curve,
         "train_loss": losses,
+        "stats": [dataclasses.asdict(opt.stats) for opt in optimizers] if decentralized else [],
+        "parameter_count": sum(p.numel() for p in models[0].parameters() if p.requires_grad),
         "diagnosis": diagnosis.records if diagnosis else [],
         "test": scores,
     }

@@ -176,6 +176,22 @@ def check_group(group: dict[str, Any]) -> None:
         )
 
 
+def corrected_second_moment(st: dict[str, Any], group: dict[str, Any]) -> Tensor:
+    """The second moment a rank of ``noise_ranks = n`` divides by on its own, from its state after a
+    step: ``max(v - (1 - 1/n) s, v / n)`` (bias-corrected; ``v`` alone after the first step or with
+    ``n = 1``). A new tensor. :class:`~decentadam.DecentralizedAdam` (``second_moment="global"``)
+    averages it over the ranks."""
+    beta2 = group["betas"][1]
+    n: int = group.get("noise_ranks", 1)
+    t = int(st["step"].item())
+    second: Tensor = st["exp_avg_sq"].div(1.0 - beta2**t)
+    noise_sq = st.get("noise_sq")
+    if n == 1 or t < 2 or noise_sq is None:
+        return second
+    corrected = torch.add(second, noise_sq, alpha=-(1.0 - 1.0 / n) / (1.0 - beta2 ** (t - 1)))
+    return torch.maximum(corrected, second.div_(n), out=corrected)
+
+
 def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], params: list[Tensor]) -> None:
     """Lazily create state for ``params`` (all with gradients) of ``group`` and take one step.
 
@@ -190,6 +206,7 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
     grads, exp_avgs, exp_avg_sqs, grad_accums, noise_sqs, steps = [], [], [], [], [], []
     group_sqs: list[Tensor | None] = []
     group_updates: list[int] = []
+    shared_sqs: list[Tensor | None] = []
     for p in params:
         grad = p.grad
         assert grad is not None
@@ -223,6 +240,7 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
             noise_sqs.append(st["noise_sq"] if updates == 0 else None)
         group_sqs.append(st["group_sq"] if updates > 0 else None)
         group_updates.append(updates)
+        shared_sqs.append(st.get("shared_sq") if noise_ranks > 1 else None)
     beta1, beta2 = group["betas"]
     accum_adamw(
         params,
@@ -244,6 +262,7 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
         group_updates=group_updates,
         v_every=v_every or 1,
         floor_ranks=floor_ranks,
+        shared_sqs=shared_sqs,
     )
 
 
@@ -268,6 +287,7 @@ def accum_adamw(
     group_updates: list[int] | None = None,
     v_every: int = 1,
     floor_ranks: int | None = None,
+    shared_sqs: list[Tensor | None] | None = None,
 ) -> None:
     """Functional AccumAdamW: the update of :class:`AccumAdamW`, in place on every list.
 
@@ -285,9 +305,18 @@ def accum_adamw(
     second moment is ``V / (1 - beta2**t) / F``, so the step grows at most ``sqrt(F)``-fold over the
     rank's own. :class:`~decentadam.DecentralizedAdam` lowers it to ``N**2`` where its nodes share
     ``A`` (``share_second_moment_every``).
+
+    ``shared_sqs`` (``noise_ranks > 1`` only): per parameter ``P``, a second moment shared by all
+    ranks (bias-corrected: :class:`~decentadam.DecentralizedAdam`'s ``second_moment="global"``), or
+    ``None``. Where given, ``v = max(P, V / (1 - beta2**t) / n**2)``: the ranks divide by one ``P``,
+    and a rank alone in seeing a gradient (a rare token) may step ``n`` times its own Adam step
+    there, as All-Reduce's mean would ask. ``S`` is still updated (the rank's next estimate).
     """
     noise_sqs = noise_sqs if noise_sqs is not None else []
     group_sqs = group_sqs if group_sqs is not None else [None] * len(params)
+    shared: list[Tensor | None] = shared_sqs if shared_sqs is not None else [None] * len(params)
+    if any(p is not None for p in shared) and (noise_ranks == 1 or any(a is not None for a in group_sqs)):
+        raise ValueError("shared_sqs need noise_ranks > 1 and no group_sqs")
     u_values = group_updates if group_updates is not None else [0] * len(params)
     if accum_steps > 1 and len(grad_accums) != len(params):
         raise ValueError("accum_steps > 1 needs one grad_accum tensor per parameter")
@@ -309,8 +338,9 @@ def accum_adamw(
     hyper = _Hyper(lr, beta1, beta2, eps, weight_decay, accum_steps, noise_ranks, v_every, floor_ranks)
     extra = grad_accums if accum_steps > 1 else noise_sqs if noise_ranks > 1 else []
     if foreach:
-        for index_list in _group_for_foreach(params, grads, t_values, u_values):
+        for index_list in _group_for_foreach(params, grads, t_values, u_values, shared):
             u = u_values[index_list[0]]
+            has_shared = shared[index_list[0]] is not None
             # one extra list: b (accum_steps > 1), S (noise_ranks > 1 and no A yet) or A (u > 0)
             if u > 0:  # every parameter of this list has its A, which replaces S
                 extra_list: list[Tensor | None] = [group_sqs[i] for i in index_list]
@@ -318,6 +348,8 @@ def accum_adamw(
                 extra_list = [extra[i] for i in index_list] if extra else []
             lists = [[tensors[i] for i in index_list] for tensors in (params, grads, exp_avgs, exp_avg_sqs)]
             selected = lists + ([[t for t in extra_list if t is not None]] if extra_list else [])
+            if has_shared:
+                selected.append([p for p in (shared[i] for i in index_list) if p is not None])
             for p_, g_, m_, v_, *b_ in _cpu_chunks(selected):
                 _foreach_accum_adamw(
                     p_,
@@ -330,6 +362,7 @@ def accum_adamw(
                     b_[0] if noise_ranks > 1 and u == 0 else [],
                     b_[0] if u > 0 else [],
                     u,
+                    b_[-1] if has_shared else [],
                 )
     else:
         for i, param in enumerate(params):
@@ -344,6 +377,7 @@ def accum_adamw(
                 noise_sqs[i] if noise_ranks > 1 else None,
                 group_sqs[i],
                 u_values[i],
+                shared[i],
             )
 
 
@@ -391,6 +425,7 @@ def _single_accum_adamw(
     noise_sq: Tensor | None = None,
     group_sq: Tensor | None = None,
     u: int = 0,
+    shared_sq: Tensor | None = None,
 ) -> None:
     lr, beta1, beta2, eps, weight_decay, accum_steps = hyper[:6]
     bias_correction1, bias_correction2_sqrt = hyper.bias_corrections(t)
@@ -404,15 +439,18 @@ def _single_accum_adamw(
         exp_avg.lerp_(grad, 1.0 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
         m = exp_avg
-        if hyper.noise_ranks > 1 and (t > 1 or group_sq is not None):
+        if hyper.noise_ranks > 1 and (t > 1 or group_sq is not None or shared_sq is not None):
             second = exp_avg_sq / bias_correction2_sqrt**2  # v, bias-corrected
-            if group_sq is not None:  # A from the exchange group's gradients replaces V - (1 - 1/n) S
+            floor = hyper.floor_ranks
+            if shared_sq is not None:  # P, shared by every rank, replaces the rank's own estimate
+                corrected, floor = shared_sq.clone(), hyper.noise_ranks**2
+            elif group_sq is not None:  # A from the exchange group's gradients replaces V - (1 - 1/n) S
                 corrected = group_sq / hyper.group_correction(u)
             else:
                 assert noise_sq is not None, "noise_ranks > 1 without A needs S"
                 _, _, noise_scale, share = hyper.noise_terms(t)
                 corrected = torch.add(second, noise_sq, alpha=-share * noise_scale)
-            denom = torch.maximum(corrected, second.div_(hyper.floor_ranks)).sqrt_().add_(eps)
+            denom = torch.maximum(corrected, second.div_(floor)).sqrt_().add_(eps)
             param.addcdiv_(m, denom, value=-lr / bias_correction1)
             return
         denom = exp_avg_sq.sqrt()
@@ -440,12 +478,13 @@ def _foreach_accum_adamw(
     noise_sqs: list[Tensor] | None = None,
     group_sqs: list[Tensor] | None = None,
     u: int = 0,
+    shared_sqs: list[Tensor] | None = None,
 ) -> None:
     lr, beta1, beta2, eps, weight_decay, accum_steps = hyper[:6]
     bias_correction1, bias_correction2_sqrt = hyper.bias_corrections(t)
     if weight_decay != 0.0:
         torch._foreach_mul_(params, 1.0 - lr * weight_decay)
-    if hyper.noise_ranks > 1 and (t > 1 or group_sqs):  # see _single_accum_adamw
+    if hyper.noise_ranks > 1 and (t > 1 or group_sqs or shared_sqs):  # see _single_accum_adamw
         if noise_sqs and t > 1:  # S, where no A replaces it
             momentum_scale, weight, _, _ = hyper.noise_terms(t)
             deviations = torch._foreach_mul(exp_avgs, momentum_scale)
@@ -456,13 +495,16 @@ def _foreach_accum_adamw(
         torch._foreach_mul_(exp_avg_sqs, beta2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
         second = torch._foreach_div(exp_avg_sqs, bias_correction2_sqrt**2)
-        if group_sqs:
+        floor = hyper.floor_ranks
+        if shared_sqs:
+            corrected, floor = torch._foreach_mul(shared_sqs, 1.0), hyper.noise_ranks**2
+        elif group_sqs:
             corrected = torch._foreach_div(group_sqs, hyper.group_correction(u))
         else:
             assert noise_sqs, "noise_ranks > 1 without A needs S"
             _, _, noise_scale, share = hyper.noise_terms(t)
             corrected = torch._foreach_add(second, noise_sqs, alpha=-share * noise_scale)
-        torch._foreach_div_(second, hyper.floor_ranks)
+        torch._foreach_div_(second, floor)
         torch._foreach_maximum_(corrected, second)
         torch._foreach_sqrt_(corrected)
         torch._foreach_add_(corrected, eps)
@@ -526,12 +568,16 @@ def _cpu_chunks(lists: list[list[Tensor]]) -> list[list[list[Tensor]]]:
 
 
 def _group_for_foreach(
-    params: list[Tensor], grads: list[Tensor], t_values: list[int], u_values: list[int]
+    params: list[Tensor],
+    grads: list[Tensor],
+    t_values: list[int],
+    u_values: list[int],
+    shared: list[Tensor | None],
 ) -> list[list[int]]:
-    """Indices grouped so that each foreach call sees one device, one dtype, one step count and one
-    count of group-gradient updates."""
-    buckets: dict[tuple[torch.device, torch.dtype, torch.dtype, int, int], list[int]] = {}
+    """Indices grouped so that each foreach call sees one device, one dtype, one step count, one
+    count of group-gradient updates, and a shared second moment on all or none."""
+    buckets: dict[tuple[torch.device, torch.dtype, torch.dtype, int, int, bool], list[int]] = {}
     for i, (param, grad) in enumerate(zip(params, grads, strict=True)):
-        key = (param.device, param.dtype, grad.dtype, t_values[i], u_values[i])
+        key = (param.device, param.dtype, grad.dtype, t_values[i], u_values[i], shared[i] is not None)
         buckets.setdefault(key, []).append(i)
     return list(buckets.values())
