@@ -399,11 +399,11 @@ class DecentralizedAdam(Optimizer):
                 self._node_sums = {id(b): _NodeSum.of(b, squares) for b in self._buckets}
             if share_second_moment_every and self.topology.world_size > len(self._node):
                 self._moment_shares = {id(b): _MomentShare.of(b) for b in self._buckets}
-        if second_moment == "global" and world_size > len(self._node):
-            self._moment_shares = {id(b): _MomentShare.of(b) for b in self._buckets}
         elif second_moment == "group_gradient" and world_size > 1:
             sizes = {len(g) for g in self.topology.distinct_groups() if self.rank in g}
             self._gradient_sums = {id(b): _GradientSum.of(b, sizes) for b in self._buckets}
+        if second_moment == "global" and world_size > len(self._node):
+            self._moment_shares = {id(b): _MomentShare.of(b) for b in self._buckets}
         in_buckets = {id(p) for b in self._buckets for p in b.params}
         self._frozen = [p for p in all_params if id(p) not in in_buckets]
         if world_size > 1:

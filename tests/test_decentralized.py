@@ -17,7 +17,7 @@ from torch import nn
 from decentadam import DecentralizedAdam
 from decentadam.collectives import ProcessGroupCommunicator
 from decentadam.simulation import SimulatedCluster
-from decentadam.topology import build, over_nodes
+from decentadam.topology import build, changing_groups, over_nodes, with_global_average
 from tests.distributed_harness import run_distributed
 
 STEPS = 30
@@ -66,6 +66,16 @@ CONFIGS_4 = [
     ("complete", 2, 1, "sync20:step", "node+group_gradient+share2+bf16"),
     ("complete", 2, 1, "resume:sync20:step", "node+group_gradient+share2+bf16"),  # saved within it
     ("aer", 2, 1, "sync10:backward", "all_ranks"),  # changing groups, then overlapped again
+    # "+avgK" on the topology: average_every=K, every K-th step the exact average over all ranks
+    ("one-peer-exp+avg4", 1, 1, "step", "all_ranks"),
+    ("one-peer-exp+avg4", 1, 1, "step", "all_ranks+bf16"),  # changing pairs: r moves at the averages
+    ("aer+avg3", 1, 1, "backward", "local+bf16"),  # rests, and an average that is not on aer's beat
+    # "global": the ranks' all_ranks estimates averaged at the exact averages (bf16), floor V / n**2
+    ("complete", 1, 1, "step", "global"),
+    ("one-peer-exp+avg4", 1, 1, "step", "global+bf16"),
+    ("one-peer-exp+avg4", 1, 1, "resume:step", "global+bf16"),  # r and P from the state: exact resume
+    ("one-peer-exp+avg4", 1, 1, "backward", "global"),
+    ("aer+avg4", 2, 1, "step", "node+global+bf16"),  # 2 nodes of 2: N = 2 in the correction
 ]
 CONFIGS_8 = [
     ("complete", 1, 4, "step", "local"),
@@ -82,6 +92,7 @@ CONFIGS_8 = [
     # simulation's rank order after 30 steps), so here only the updates are bfloat16
     ("complete", 2, 1, "step", "node+group_gradient+bf16"),
     ("aer", 2, 1, "step", "node+group_gradient+share1"),  # 4 nodes in changing pairs: A mixes
+    ("one-peer-exp+avg4", 1, 1, "step", "global+bf16"),  # 8 ranks: gloo rounds the bf16 sums more
 ]
 Config = tuple[str, int, int, str, str]
 
@@ -145,9 +156,17 @@ def second_moment_args(second_moment: str) -> dict[str, Any]:
     }
 
 
+def parse_topology(name: str) -> tuple[str, int]:
+    """A config's topology as (name, K): ``"one-peer-exp+avg4"`` is ``topology="one-peer-exp",
+    average_every=4`` (K = 0 where absent)."""
+    base, _, every = name.partition("+avg")
+    return base, int(every or 0)
+
+
 def make_optimizer(
     model: nn.Module, name: str, local_world_size: int, accum_steps: int, overlap: str, second_moment: str
 ) -> DecentralizedAdam:
+    base, average_every = parse_topology(name)
     return DecentralizedAdam(
         param_groups(model),
         lr=LR,
@@ -155,7 +174,8 @@ def make_optimizer(
         eps=EPS,
         accum_steps=accum_steps,
         **second_moment_args(second_moment),
-        topology=name,
+        **({"average_every": average_every} if average_every else {}),
+        topology=base,
         local_world_size=local_world_size,
         bucket_size_mb=1e-4,  # ~100 bytes: several buckets per parameter group
         overlap=overlap.split(":")[-1],  # type: ignore[arg-type]
@@ -237,21 +257,26 @@ def simulate(
     size = local_world_size if node else 1  # L
     noise_ranks = world_size // size  # all_ranks' n: the nodes' count N with node-averaged gradients
     floor = noise_ranks**2 if share_every else noise_ranks
+    name, average_every = parse_topology(name)
     if node:  # the nodes' topology, each of its groups averaging all ranks of its nodes
-        nodes = build(name, world_size // size, 1)
+        nodes = with_global_average(build(name, world_size // size, 1), average_every)
         within = torch.full((size, size), 1.0 / size, dtype=torch.float64)
         mixing = [torch.kron(nodes.mixing_matrix(t), within) for t in range(nodes.period)]
+        groups = with_global_average(over_nodes(name, world_size, size), average_every)
     else:
-        topology = build(name, world_size, local_world_size)
+        topology = with_global_average(build(name, world_size, local_world_size), average_every)
         mixing = [topology.mixing_matrix(t) for t in range(topology.period)]
+        groups = topology
+    fixed = changing_groups(groups) is None  # bf16: r moves with a fixed group, else at the averages
     models = [make_model(seed=100) for _ in range(world_size)]  # rank 0's initialisation everywhere
     refs = [flat(m).clone() for m in models]  # bf16: r, alike on every rank
-    groups = over_nodes(name, world_size, size) if node else build(name, world_size, local_world_size)
     decay = [WD if n.endswith("weight") else 0.0 for n, _ in models[0].named_parameters()]
     beta1, beta2 = BETAS
     state = [[dict.fromkeys(("M", "V", "b", "S", "A", "u"), 0.0) for _ in decay] for _ in models]
     sent: list[list[torch.Tensor]] | None = None  # group_gradient: the last step's gradients, if sent
     shared: list[list[torch.Tensor]] | None = None  # share: the last step's A (bf16), if sent
+    estimates: list[list[torch.Tensor]] | None = None  # global: the last step's own v (bf16), if sent
+    pooled: list[torch.Tensor | None] = [None] * len(decay)  # global: P, the ranks' mean estimate
 
     def mix(step: int) -> torch.Tensor:
         """x_i <- sum_j W_ij(step) x_j (bf16: x_i += S/m - q_i, r += S/m), as (n, numel)."""
@@ -268,7 +293,8 @@ def simulate(
                 )
                 mean = total.to(torch.bfloat16).double() / len(members)  # summed exactly, rounded once
                 mixed[rank] = flat(models[rank]) + mean - updates[rank].double()
-                refs[rank] = refs[rank] + mean
+                if fixed or len(members) == world_size:
+                    refs[rank] = refs[rank] + mean
         return mixed
 
     for step in range(STEPS):
@@ -292,6 +318,11 @@ def simulate(
                 )
                 st["A"] = total.to(torch.bfloat16).double() / len(members)
         shared = None
+        if estimates is not None:  # global: P = the mean of the ranks' estimates, alike on every rank
+            for j in range(len(decay)):
+                total = sum((e[j].float() for e in estimates), torch.zeros_like(estimates[0][j]).float())
+                pooled[j] = total.to(torch.bfloat16).double() / world_size
+        estimates = None
         if node:  # every rank steps with its node's mean gradient; z from the node's gradients
             v_every = 1
             for first in range(0, world_size, size):
@@ -336,7 +367,7 @@ def simulate(
                 for j, p in enumerate(model.parameters()):
                     s, g = state[rank][j], grads[rank][j]
                     p.mul_(1 - LR * decay[j])
-                    if kind in ("all_ranks", "group_gradient"):
+                    if kind in ("all_ranks", "group_gradient", "global"):
                         if t > 1:
                             deviation = g - s["M"] / (1 - beta1 ** (t - 1))
                             s["S"] = beta2 * s["S"] + (1 - beta2) * (1 + beta1) / 2 * deviation**2
@@ -345,6 +376,8 @@ def simulate(
                         v = s["V"] / (1 - beta2**t)
                         if noise_ranks == 1:
                             pass  # one node: the node's mean is All-Reduce's, AdamW's v
+                        elif (shared_v := pooled[j]) is not None:
+                            v = torch.maximum(shared_v, v / noise_ranks**2)
                         elif s["u"] > 0:
                             v = torch.maximum(s["A"] / (1 - beta2 ** (v_every * s["u"])), v / floor)
                         elif t > 1:
@@ -362,6 +395,17 @@ def simulate(
                         s["b"] = 0.0
         if share_every and (step + 1) % share_every == 0:  # with the parameters, to the nodes' next group
             shared = [[st["A"].to(torch.bfloat16) for st in state[rank]] for rank in range(world_size)]
+        if kind == "global" and len(groups.group_of(0, step + 1)) == world_size:  # each rank's own v
+            estimates = []
+            for rank in range(world_size):
+                own = []
+                for st in state[rank]:
+                    v = st["V"] / (1 - beta2**t)
+                    if t > 1 and noise_ranks > 1:
+                        corrected = v - (1 - 1 / noise_ranks) * st["S"] / (1 - beta2 ** (t - 1))
+                        v = torch.maximum(corrected, v / noise_ranks)
+                    own.append(v.to(torch.bfloat16))
+                estimates.append(own)
     return torch.stack([flat(m) for m in models])
 
 
@@ -379,7 +423,10 @@ def test_matches_simulation_of_n_workers(world_size: int, configs: list[Config])
         # test_bf16_updates_equal_the_simulation_in_one_process pins the math bitwise; the same holds
         # for the nodes' A of "+shareK" (test_shared_second_moment_equals_the_simulation_in_one_process)
         shared = share_of(second_moment) and world_size > local_world_size  # A summed over nodes
+        shared = shared or "global" in second_moment  # the ranks' v summed in bfloat16 by gloo
         atol = 1e-3 if bf16 or shared else 1e-10
+        if "+avg" in name and (bf16 or shared):  # updates of up to K steps, summed over all ranks by gloo
+            atol = 5e-3  # (test_exact_averages_equal_the_simulation_in_one_process pins the math)
         torch.testing.assert_close(got, expected, rtol=0, atol=atol, msg=lambda m, lab=label: f"{lab}: {m}")
         if sync_of(overlap):  # the warm-up moves the run by far more than the tolerance
             overlapped = simulate(name, world_size, local_world_size, accum_steps, second_moment)
@@ -409,7 +456,9 @@ def test_matches_simulation_of_n_workers(world_size: int, configs: list[Config])
                 for r in range(first + 1, first + local_world_size):
                     assert torch.equal(got[r], got[first]), f"{label}: rank {r} left its node's replica"
             if ":" not in overlap:
-                topology, numel = over_nodes(name, world_size, local_world_size), expected.shape[1]
+                base, every = parse_topology(name)
+                topology = with_global_average(over_nodes(base, world_size, local_world_size), every)
+                numel = expected.shape[1]
                 values = 2 * numel if second_moment.startswith("node+group_gradient") else numel
                 node_sums = STEPS * values * 8 if local_world_size > 1 else 0
                 share = share_of(second_moment)  # A in bfloat16 every share-th step
@@ -419,6 +468,8 @@ def test_matches_simulation_of_n_workers(world_size: int, configs: list[Config])
                     shared = sum(
                         numel * 2 for t, q in enumerate(sizes, 1) if q > 1 and share and t % share == 0
                     )
+                    if "global" in second_moment:  # each rank's v in bfloat16 to every exact average
+                        shared += sum(numel * 2 for q in sizes if q == world_size)
                     assert per_rank[r][index]["bytes_sent"] == exchanged + node_sums + shared, label
         every = second_moment.partition(":")[2]
         if every and ":" not in overlap:  # float64 parameters every step, gradients every K-th:
@@ -503,16 +554,22 @@ def test_bf16_updates_resume_a_state_saved_without_r_from_the_mean() -> None:
 
 
 def train_simulated(
-    name: str, world_size: int, second_moment: str, state_dict_after: int | None = None
+    name: str,
+    world_size: int,
+    second_moment: str,
+    state_dict_after: int | None = None,
+    local_world_size: int = 2,
 ) -> tuple[list[nn.Module], list[DecentralizedAdam]]:
     """STEPS steps of the nodes (2 ranks each) on simulated ranks in one process; with
     ``state_dict_after`` every rank's ``state_dict()`` is taken after that step."""
     cluster = SimulatedCluster(world_size)
     models = [make_model(seed=100) for _ in range(world_size)]
+    base, every = parse_topology(name)
     optimizers = [
         DecentralizedAdam(
             param_groups(model), lr=LR, betas=BETAS, eps=EPS, **second_moment_args(second_moment),
-            topology=name, local_world_size=2, bucket_size_mb=1e-4, communicator=cluster.communicator(rank),
+            topology=base, average_every=every, local_world_size=local_world_size, bucket_size_mb=1e-4,
+            communicator=cluster.communicator(rank),
         )
         for rank, model in enumerate(models)
     ]  # fmt: skip
@@ -556,6 +613,42 @@ def test_bf16_updates_equal_the_simulation_in_one_process(name: str, second_mome
     mixing = over_nodes(name, world_size, 2)
     exchanges = sum(1 for t in range(1, STEPS + 1) if len(mixing.group_of(0, t)) > 1)
     assert sent == [node_sums + exchanges * numel * 2] * world_size  # bfloat16, not float64
+
+
+@pytest.mark.parametrize(
+    ("name", "local_world_size", "second_moment"),
+    [
+        ("one-peer-exp+avg4", 1, "all_ranks+bf16"),
+        ("aer+avg3", 1, "local+bf16"),
+        ("one-peer-exp+avg4", 1, "global"),
+        ("one-peer-exp+avg4", 1, "global+bf16"),
+        ("complete", 1, "global"),
+        ("aer+avg4", 2, "node+global+bf16"),
+    ],
+)
+def test_exact_averages_equal_the_simulation_in_one_process(
+    name: str, local_world_size: int, second_moment: str
+) -> None:
+    """average_every, bf16 updates on changing groups (r moves at the exact averages only) and
+    second_moment="global" (P = the mean of the ranks' bf16 estimates, v = max(P, V / n**2)) on
+    simulated ranks, whose sums are rounded once == ``simulate``, up to float64 summation order
+    (the gloo cases add gloo's own bfloat16 roundings)."""
+    world_size = 4
+    models, optimizers = train_simulated(name, world_size, second_moment, local_world_size=local_world_size)
+    got = torch.stack([flat(model) for model in models])
+    expected = simulate(name, world_size, local_world_size, 1, second_moment)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-13)
+    if "+avg" in name:  # the exact averages change the run
+        base = simulate(name.partition("+avg")[0], world_size, local_world_size, 1, second_moment)
+        assert not torch.allclose(got, base, rtol=0, atol=1e-6)
+    numel, node = got.shape[1], second_moment.startswith("node+")
+    topology = optimizers[0].topology
+    for rank, optimizer in enumerate(optimizers):  # float64 parameters, or bfloat16 updates; each v
+        sizes = [len(topology.group_of(rank, t)) for t in range(1, STEPS + 1)]
+        want = sum(numel * (2 if "bf16" in second_moment else 8) for q in sizes if q > 1)
+        want += sum(numel * 2 for q in sizes if q == world_size) if "global" in second_moment else 0
+        want += STEPS * numel * 8 if node else 0  # the node's gradient sums
+        assert optimizer.stats.bytes_sent == want, rank
 
 
 @pytest.mark.parametrize(
@@ -908,7 +1001,7 @@ def test_backward_overlap_rejects_two_backwards_per_step() -> None:
         ({"bucket_size_mb": 0}, "bucket_size_mb"),
         ({"overlap": "sometimes"}, "overlap"),
         ({"topology": "star"}, "unknown topology"),
-        ({"second_moment": "global"}, "second_moment must be one of 'all_ranks', 'local', 'group_gradient'"),
+        ({"second_moment": "nodes"}, "second_moment must be one of 'all_ranks', 'local', 'group_gradient', "),
         ({"second_moment": "group_gradient", "v_every": 0}, r"v_every must be an integer >= 1 .* got 0"),
         ({"v_every": 2}, r"v_every=2 .* but second_moment='all_ranks': pass second_moment='group_gradient'"),
         ({"second_moment": "local", "v_every": 1}, r"but second_moment='local'"),
@@ -935,11 +1028,19 @@ def test_backward_overlap_rejects_two_backwards_per_step() -> None:
             {"intra_node": "all_reduce", "share_second_moment_every": 2},
             r"but second_moment='all_ranks', intra_node='all_reduce': pass .* or leave it out",
         ),
+        ({"average_every": -2}, r"average_every must be an integer >= 0 .* got -2"),
     ],
 )
 def test_bad_arguments_name_the_problem(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         DecentralizedAdam(nn.Linear(2, 2).parameters(), **kwargs)
+
+
+def test_the_global_second_moment_needs_exact_averages() -> None:
+    communicator = SimulatedCluster(4).communicator(0)
+    match = r"second_moment='global' averages .* has none: pass average_every=k"
+    with pytest.raises(ValueError, match=match):
+        DecentralizedAdam(nn.Linear(2, 2).parameters(), second_moment="global", communicator=communicator)
 
 
 @pytest.mark.parametrize(
@@ -990,8 +1091,12 @@ def test_bad_node_arguments_name_the_problem(kwargs: dict[str, Any], match: str)
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"topology": "aer", "local_world_size": 2}, r"topology 'aer' gives rank 0 2 different groups"),
-        ({"topology": "ring"}, r"topology 'ring' gives rank 0 2 different groups .* use topology='complete'"),
+        ({"topology": "one-peer-exp"}, r"topology 'one-peer-exp' gives rank 0 2 different groups"),
+        (
+            {"topology": "ring"},
+            r"topology 'ring' gives rank 0 2 different groups .* never averages all ranks, where that point "
+            r"would be renewed: pass average_every=k",
+        ),
         (
             {"topology": "aer", "intra_node": "all_reduce", "local_world_size": 1},
             r"topology 'aer' over the nodes gives rank 0 2 different groups",

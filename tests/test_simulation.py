@@ -24,6 +24,7 @@ from tests.test_decentralized import (
     loss_of,
     make_model,
     param_groups,
+    parse_topology,
     second_moment_args,
     simulate,
 )
@@ -34,6 +35,7 @@ def run_simulated(
 ) -> tuple[torch.Tensor, list[DecentralizedAdam], list[torch.nn.Module]]:
     cluster = SimulatedCluster(world_size)
     models = [make_model(seed=100 + rank) for rank in range(world_size)]  # rank 0's weights must win
+    name, average_every = parse_topology(name)
     optimizers = [
         DecentralizedAdam(
             param_groups(model),
@@ -43,6 +45,7 @@ def run_simulated(
             accum_steps=accum_steps,
             **second_moment_args(second_moment),
             topology=name,
+            average_every=average_every,
             local_world_size=local_world_size,
             bucket_size_mb=1e-4,
             overlap=overlap.split(":")[-1],  # type: ignore[arg-type]
@@ -89,7 +92,7 @@ def test_simulated_cluster_matches_the_independent_simulation(world_size: int, c
     # group_gradient's A replaces the noise estimate S: a rank keeps S only until its first A
     # (never with nodes, whose A comes before the first step; after k steps with the gossip's sums)
     kept = {"noise_sq" in st for o in optimizers for st in o.state.values()}
-    corrected = second_moment.removeprefix("node+").startswith(("all_ranks", "group_gradient"))
+    corrected = second_moment.removeprefix("node+").startswith(("all_ranks", "group_gradient", "global"))
     node_ranks = local_world_size if second_moment.startswith("node+") else 1
     if "group_gradient" in second_moment or not corrected or world_size == node_ranks:
         assert kept == {False}, config

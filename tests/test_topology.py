@@ -13,7 +13,16 @@ import re
 import pytest
 import torch
 
-from decentadam.topology import TOPOLOGIES, Group, Topology, build, over_nodes
+from decentadam.topology import (
+    TOPOLOGIES,
+    Group,
+    Topology,
+    build,
+    changing_groups,
+    has_global_round,
+    over_nodes,
+    with_global_average,
+)
 
 NAMES = ("complete", "ring", "one-peer-exp", "aer")
 WORLD_SIZES = (1, 2, 4, 8, 16)
@@ -370,3 +379,32 @@ def test_over_nodes_takes_a_topology_built_for_the_nodes() -> None:
         over_nodes(build("ring", 8), 8, 2)
     with pytest.raises(ValueError, match="multiple of local_world_size, got 6 and 4"):
         over_nodes("ring", 6, 4)
+
+
+@pytest.mark.parametrize(
+    ("name", "world_size", "every"), [("one-peer-exp", 16, 16), ("aer", 8, 3), ("ring", 4, 1)]
+)
+def test_with_global_average_puts_the_world_group_every_k_steps(
+    name: str, world_size: int, every: int
+) -> None:
+    base = build(name, world_size)
+    topology = with_global_average(base, every)
+    assert topology.period == math.lcm(base.period, every)
+    assert topology.name == f"{name}+avg{every}"
+    world = [tuple(range(world_size))]
+    for t in range(3 * topology.period):
+        assert topology.groups(t) == (world if t % every == 0 else base.groups(t)), t
+    assert has_global_round(topology)
+    assert topology.spectral_gap() == pytest.approx(1.0)  # a period ends in an exact average
+    if every > 1:
+        assert changing_groups(topology) is not None
+
+
+def test_with_global_average_zero_is_the_topology_and_bad_periods_are_refused() -> None:
+    base = build("one-peer-exp", 8)
+    assert with_global_average(base, 0) is base
+    assert not has_global_round(base)
+    assert has_global_round(build("complete", 8))
+    for bad in (-1, 2.0, True):
+        with pytest.raises(ValueError, match="an integer >= 0"):
+            with_global_average(base, bad)  # type: ignore[arg-type]
