@@ -1,6 +1,7 @@
 """Boundaries of the package that a refactor must keep: no reach into another module's private
-names nor into torch's, no module-level mutable state outside :mod:`decentadam.shutdown`, and
-asynchronous training (:mod:`decentadam.asynchronous`) built without the synchronous optimizer."""
+names nor into torch's, no module-level mutable state outside :mod:`decentadam.shutdown`,
+asynchronous training (:mod:`decentadam.asynchronous`) built without the synchronous optimizer,
+and no circle in the imports of the repository's packages (function-level imports included)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "decentadam"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "decentadam"
+TOP_PACKAGES = ("decentadam", "benchmarks", "recipes", "eval", "examples")
 MUTABLE_CALLS = {
     "dict",
     "list",
@@ -108,7 +111,7 @@ def decentadam_imports(path: Path) -> set[str]:
 
 
 def module_path(module: str) -> Path | None:
-    base = PACKAGE.parent.joinpath(*module.split("."))
+    base = ROOT.joinpath(*module.split("."))
     for path in (base.with_suffix(".py"), base / "__init__.py"):
         if path.is_file():
             return path
@@ -237,3 +240,73 @@ def test_no_module_imports_private_names_of_another() -> None:
 def test_module_level_mutable_state_lives_in_shutdown_only() -> None:
     found = {str(p.relative_to(PACKAGE)): mutable_globals(p.read_text()) for p in PACKAGE.rglob("*.py")}
     assert {path: lines for path, lines in found.items() if lines} == {"shutdown.py": [30]}
+
+
+def module_name(path: Path) -> str:
+    relative = path.relative_to(ROOT).with_suffix("")
+    return ".".join(relative.parts[:-1] if relative.name == "__init__" else relative.parts)
+
+
+def repository_imports(source: str) -> set[str]:
+    """The modules of TOP_PACKAGES that ``source`` imports anywhere (in functions too); ``from a.b
+    import c`` names ``a.b.c`` where that is a module, else ``a.b``."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] in TOP_PACKAGES)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            module = node.module or ""
+            if module.split(".")[0] in TOP_PACKAGES:
+                for alias in node.names:
+                    child = f"{module}.{alias.name}"
+                    found.add(child if module_path(child) is not None else module)
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph.get(module, ())):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+    source = "import decentadam\ndef f() -> None:\n    from benchmarks.parity import workers\nimport torch\n"
+    assert repository_imports(source) == {"decentadam", "benchmarks.parity.workers"}
+
+
+def test_the_repository_imports_have_no_circle() -> None:
+    modules = {module_name(p): p for top in TOP_PACKAGES for p in (ROOT / top).rglob("*.py")}
+    graph = {
+        m: {i for i in repository_imports(p.read_text()) if i in modules and i != m}
+        for m, p in modules.items()
+    }
+    assert "benchmarks.parity.workers" in graph["benchmarks.parity.workers_table"]  # the graph sees imports
+    assert circles(graph) == []

@@ -1,7 +1,8 @@
 """The parity oracle, tiny: DecentralizedAdam fed the all-reduced gradient is All-Reduce AdamW.
 
 On the complete graph with ``accum_steps=1`` and AdamW's betas, a DecentralizedAdam whose ranks'
-gradients are replaced by their mean before each step (``benchmarks.parity.mean_gradients``)
+gradients are replaced by their mean before each step (``benchmarks.parity.mean_gradients``'s
+:class:`MeanGradientAdam`)
 takes AdamW's step on DDP's gradient from the same weights: the losses and weights of the two runs
 must agree to float64 rounding. (``python -m benchmarks.parity.oracle`` checks the same on the
 translation recipe.)
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from benchmarks.parity.mean_gradients import install
+from benchmarks.parity.mean_gradients import MeanGradientAdam
 from decentadam import DecentralizedAdam
 from tests.distributed_harness import run_distributed
 
@@ -39,7 +40,7 @@ def worker(rank: int, world_size: int) -> dict[str, Any]:
     adamw = torch.optim.AdamW(ddp.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     model = make_model()
     # The gradient is already the mean over all ranks, so the second moment must not remove noise again.
-    decentralized = DecentralizedAdam(
+    decentralized = MeanGradientAdam(
         model.parameters(),
         lr=LR,
         betas=BETAS,
@@ -49,7 +50,6 @@ def worker(rank: int, world_size: int) -> dict[str, Any]:
         second_moment="local",
         topology="complete",
     )
-    handle = install()
     try:
         for name, net, optimizer in (("allreduce", ddp, adamw), ("oracle", model, decentralized)):
             losses = []
@@ -61,7 +61,6 @@ def worker(rank: int, world_size: int) -> dict[str, Any]:
                 losses.append(loss.item())
             out[name] = losses
     finally:
-        handle.remove()
         decentralized.close()
     out["allreduce_weights"] = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
     out["oracle_weights"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -79,7 +78,7 @@ def test_decentralized_adam_on_the_mean_gradient_is_allreduce_adamw() -> None:
 
 def own_gradients(rank: int, world_size: int) -> list[float]:
     model = make_model()
-    optimizer = DecentralizedAdam(  # the oracle's optimizer, without the hook
+    optimizer = DecentralizedAdam(  # the oracle's optimizer, on each rank's own gradient
         model.parameters(),
         lr=LR,
         betas=BETAS,
@@ -100,7 +99,7 @@ def own_gradients(rank: int, world_size: int) -> list[float]:
     return losses
 
 
-def test_without_the_hook_the_ranks_take_different_steps() -> None:
+def test_without_the_mean_gradient_the_ranks_take_different_steps() -> None:
     """The check has teeth: the same optimizer on each rank's own gradient leaves All-Reduce's path."""
     reference = run_distributed(worker, 2)
     mine = run_distributed(own_gradients, 2)

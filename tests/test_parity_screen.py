@@ -47,11 +47,11 @@ def test_seeds_beyond_two_and_bleu_have_their_own_all_reduce(tmp_path: Path) -> 
     assert "| de-ar-s3 | 6.000 | 30.50 |" in markdown
     assert "| de-node-complete-s12 | 7.000 |  |" in markdown
     assert all(name.endswith(("-s1", "-s2", "-s3", "-s4")) for name in SCREENS["seeds-1200"])
-    shared = {name: args for name, (args, _) in SCREENS["shared-seeds-1200"].items() if "-node-" in name}
+    shared = {name: args for name, args in SCREENS["shared-seeds-1200"].items() if "-node-" in name}
     assert len(shared) == 7 and all("optim.share_second_moment_every=2" in args for args in shared.values())
 
 
 def test_only_names_runs_of_the_screen(tmp_path: Path) -> None:
-    assert "de-filt-aer-0.4,-0.5" in SCREENS["lr-and-filter"]
+    assert "de-node-complete-2e-3" in SCREENS["lr"]
     with pytest.raises(SystemExit):
         main(["--screen", "seeds", "--data", "x", "--out", str(tmp_path), "--only", "no-such-run"])

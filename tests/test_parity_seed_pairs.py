@@ -1,4 +1,4 @@
-"""benchmarks.parity.seed_pairs: same-seed differences to All-Reduce and issue 21's targets over seeds."""
+"""benchmarks.parity.seed_pairs: same-seed differences to All-Reduce and the parity targets over seeds."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Issue 21's targets judged over seeds: each decentralized run against All-Reduce with its seed.
+"""The parity targets judged over seeds: each decentralized run against All-Reduce with its seed.
 
 Takes pairs of runs (the decentralized one first, then All-Reduce with the same seed), prints the
 difference of their validation NLL at every evaluation that all pairs have, of BLEU and of chrF,
 the mean over the pairs with its standard error, and the targets: within ``NLL_GAP`` nats at
-steps 400 and 1,200, BLEU at least All-Reduce's minus ``bleu_fit.BLEU_GAP`` (judged on the mean,
+steps 400 and 1,200, BLEU at least All-Reduce's minus ``BLEU_GAP`` (judged on the mean,
 since one run's BLEU moves by more than that between seeds)::
 
     R=recipes/translation/results
@@ -19,15 +19,49 @@ A run is a recipe report (``report.json``: one run; ``report.json:NAME``: run NA
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from benchmarks.parity.bleu_fit import BLEU_GAP, Run, log_run, report_runs
+from benchmarks.parity.screen import read_bleu, read_curve
 
 NLL_GAP = 0.05
-"""Issue 21's target: validation NLL within this of All-Reduce's at TARGET_STEPS."""
+"""The target: validation NLL within this of All-Reduce's at TARGET_STEPS."""
 TARGET_STEPS = (400, 1200)
+BLEU_GAP = 0.5
+"""The target: BLEU at least All-Reduce's minus this."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run's validation curve and scores, from a screen's log or a recipe report."""
+
+    name: str  # where it came from: FOLDER/FILE, with :RUN for a comparison's run
+    curve: dict[int, float]  # step -> validation NLL
+    bleu: float | None
+    chrf: float | None
+
+
+def log_run(log: Path) -> Run:
+    """A screen's run (``benchmarks.parity.screen``: ``NAME.log``; its logs have no chrF)."""
+    return Run(f"{log.parent.name}/{log.stem}", read_curve(log), read_bleu(log), None)
+
+
+def report_runs(path: Path) -> dict[str, Run]:
+    """A recipe report's runs by name: a comparison's ``runs``, or its one run under ``""``."""
+    report = json.loads(path.read_text())
+    runs: dict[str, Any] = report.get("runs", {"": report})
+    return {
+        name: Run(
+            f"{path.parent.name}/{path.stem}" + (f":{name}" if name else ""),
+            {int(p["step"]): float(p["valid_nll"]) for p in run.get("curve", []) if "valid_nll" in p},
+            None if run.get("bleu") is None else float(run["bleu"]),
+            None if run.get("chrf") is None else float(run["chrf"]),
+        )
+        for name, run in runs.items()
+    }
 
 
 def load(spec: str) -> Run:

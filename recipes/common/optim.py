@@ -28,6 +28,7 @@ from torch import nn
 from recipes.common.config import ConfigError, check_choice
 
 if TYPE_CHECKING:
+    from decentadam import DecentralizedAdam
     from decentadam.collectives import Communicator
 
 __all__ = [
@@ -89,6 +90,7 @@ def build_optimizer(
     seed: int = 0,
     communicator: Communicator | None = None,
     timeout: float | None = None,
+    optimizer_class: type[DecentralizedAdam] | None = None,
 ) -> torch.optim.Optimizer:
     """The optimizer of the table above for ``model`` (on its device already).
 
@@ -107,6 +109,8 @@ def build_optimizer(
     ``communicator`` replaces DecentralizedAdam's torch.distributed collectives (the time-to-quality
     benchmark times its step with exchanges that finish at once). ``timeout``: the seconds
     DecentralizedAdam waits for one exchange before raising (None: the process group's).
+    ``optimizer_class`` builds the decentralized optimizer in place of DecentralizedAdam (a subclass: a
+    benchmark's variant of it).
     """
     from decentadam import A2CiD2, AccumAdamW, DecentralizedAdam
 
@@ -175,8 +179,8 @@ def build_optimizer(
             "--optimizer a2cid2, or --optimizer decentralized"
         )
     groups = param_groups(model, weight_decay)
-    if optimizer == "decentralized":
-        return DecentralizedAdam(  # decentadam: each rank keeps its own copy, averaged with neighbours
+    if optimizer == "decentralized":  # decentadam: each rank keeps its own copy, averaged with neighbours
+        return (optimizer_class or DecentralizedAdam)(
             groups, lr=lr, betas=betas_decentralized, eps=eps, weight_decay=weight_decay,
             accum_steps=accum_steps, second_moment=second_moment,  # type: ignore[arg-type]
             v_every=v_every if second_moment == "group_gradient" and intra_node == "gossip" else None,

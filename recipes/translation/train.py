@@ -50,7 +50,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -61,6 +61,9 @@ from recipes.common.optim import build_optimizer
 from recipes.common.run import RunDirectory
 from recipes.translation import config, data
 from recipes.translation.model import build_model, loss_and_tokens
+
+if TYPE_CHECKING:
+    from decentadam import DecentralizedAdam
 
 OPTIMIZERS = ("allreduce", "decentralized")
 
@@ -78,7 +81,8 @@ def check(cfg: config.Config) -> None:
     check_positive(cfg.train, "train", ("keep_last", "timeout_s"), zero=True)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam] | None = None) -> None:
+    """Train as the module docstring says; ``optimizer_class`` replaces DecentralizedAdam (a subclass)."""
     args, cfg = cli.parse("recipes.translation.train", __doc__ or "", config.PRESETS, OPTIMIZERS, argv)
     check(cfg)
     from accelerate import Accelerator
@@ -139,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         second_moment=o.second_moment, v_every=o.v_every, intra_node=o.intra_node, topology=o.topology,
         exchange=o.exchange, share_second_moment_every=o.share_second_moment_every, sync_steps=o.sync_steps,
         local_world_size=o.local_world_size, world_size=world, timeout=t.timeout_s or None,
+        optimizer_class=optimizer_class,
     )  # fmt: skip
     warmup = max(o.warmup_steps, 1)
     # Not prepared: Accelerate's scheduler wrapper would step it once per process and step.
