@@ -91,7 +91,9 @@ def dataset() -> tuple[Tensor, Tensor]:
     return inputs, targets
 
 
-def sgd_momentum(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], params: list[Tensor]) -> None:
+def sgd_momentum(
+    state: dict[Tensor, dict[str, Any]], group: dict[str, Any], params: list[Tensor], source: Any
+) -> None:
     """DecentralizedAdam's local update replaced by SGD with momentum (as torch.optim.SGD)."""
     for p in params:
         assert p.grad is not None

@@ -56,7 +56,7 @@ class ArrivedCommunicator:
         return None
 
 
-def _no_update(state: Any, group: Any, params: Any) -> None:
+def _no_update(state: Any, group: Any, params: Any, source: Any) -> None:
     return None
 
 

@@ -29,6 +29,7 @@ from decentadam.collectives import (
     default_communicator,
 )
 from decentadam.optim.accum_adamw import (
+    MomentSource,
     ParamsT,
     check_group,
     corrected_second_moment,
@@ -57,8 +58,12 @@ IntraNode = Literal["gossip", "all_reduce"]
 INTRA_NODE: tuple[IntraNode, ...] = ("gossip", "all_reduce")
 Exchange = Literal["parameters", "bf16_updates"]
 EXCHANGES: tuple[Exchange, ...] = ("parameters", "bf16_updates")
-LocalUpdate = Callable[[dict[Tensor, dict[str, Any]], dict[str, Any], list[Tensor]], None]
-"""``fn(state, group, params)``: update ``params`` (those of one bucket with a gradient) in place."""
+LocalUpdate = Callable[[dict[Tensor, dict[str, Any]], dict[str, Any], list[Tensor], MomentSource], None]
+"""``fn(state, group, params, source)``: update ``params`` (those of one bucket with a gradient) in
+place; ``source`` says which second moment the AccumAdamW update divides by."""
+LEGACY_GROUP_KEYS = ("noise_ranks", "floor_ranks", "v_every")
+"""Param-group keys that states saved by earlier versions carry; loading drops them (the second
+moment's source is the optimizer's, not the groups')."""
 
 
 class DecentralizedAdam(Optimizer):
@@ -237,7 +242,7 @@ class DecentralizedAdam(Optimizer):
             phases (see :mod:`decentadam.collectives`); ``False``: one flat all-reduce per group.
             Only for the default communicator.
         communicator: replaces the ``torch.distributed`` collectives (tests, instrumentation).
-        local_update: replaces the AccumAdamW update of one bucket, ``fn(state, group, params)``
+        local_update: replaces the AccumAdamW update of one bucket, ``fn(state, group, params, source)``
             (benchmarks emulate another device's update time with it); default: AccumAdamW's.
     """
 
@@ -463,7 +468,7 @@ class DecentralizedAdam(Optimizer):
         self._average_node_gradients(bucket)
         self._mix(bucket)
         group = self.param_groups[bucket.group_index]
-        self._local_update(self.state, group, [p for p in bucket.params if p.grad is not None])
+        self._local_update(self.state, group, [p for p in bucket.params if p.grad is not None], self._source)
         self._start_exchange(bucket, self._step + 1)
         self._start_gradient_sum(bucket, self._step + 1)
         self._start_moment_share(bucket, self._step + 1)
@@ -611,8 +616,8 @@ class DecentralizedAdam(Optimizer):
         if q <= 1:
             return
         z = _group_gradient_sq(exchange.buffer(q), exchange.own, q, self.world_size)  # (numel,) float32
-        group = self.param_groups[bucket.group_index]
-        decay = group["betas"][1] ** group["v_every"]
+        assert self._v_every is not None, "a gradient sum needs second_moment='group_gradient'"
+        decay = self.param_groups[bucket.group_index]["betas"][1] ** self._v_every
         for param, z_i in zip(bucket.params, views_like(z, bucket.params), strict=True):
             st = self.state[param]
             if "exp_avg" not in st:  # never stepped: no moments for A to go with yet
@@ -637,7 +642,8 @@ class DecentralizedAdam(Optimizer):
                 if "exp_avg_sq" not in st:  # no gradient yet on this rank: no estimate to give
                     view.zero_()
                 else:
-                    view.copy_(corrected_second_moment(st, self.param_groups[bucket.group_index]))
+                    beta2 = self.param_groups[bucket.group_index]["betas"][1]
+                    view.copy_(corrected_second_moment(st, beta2, self._source.noise_ranks))
         elif step % self.share_second_moment_every or len(group) == 1:
             return
         else:
@@ -697,26 +703,26 @@ class DecentralizedAdam(Optimizer):
             ) from error
 
     def _set_second_moment(self) -> None:
-        """AccumAdamW's ``noise_ranks`` of every group, from ``second_moment`` and the world size, and
-        with ``"group_gradient"`` its ``v_every``, which makes the update use ``A``."""
+        """The update's second moment (:class:`~decentadam.optim.accum_adamw.MomentSource`): ``n``
+        from ``second_moment`` and the world size, with ``"group_gradient"`` its ``v_every``, which
+        makes the update use ``A``. The param groups carry none of it (keys of older states go)."""
         corrected = self.second_moment != "local"
         noise_ranks = self.topology.world_size // self._ranks_per_worker() if corrected else 1
-        self.defaults["noise_ranks"] = noise_ranks
         for group in self.param_groups:
+            for key in LEGACY_GROUP_KEYS:
+                group.pop(key, None)
             if corrected and group["accum_steps"] > 1:  # checked at any world size
                 raise ValueError(
                     f"second_moment={self.second_moment!r} needs accum_steps=1, but a param group has "
                     f"accum_steps={group['accum_steps']}: drop it from the group or use second_moment='local'"
                 )
-            group["noise_ranks"] = noise_ranks
-            if not self.share_second_moment_every:
-                group.pop("floor_ranks", None)
-            else:  # the nodes' mean A may ask a node for N times its own step (class docstring)
-                group["floor_ranks"] = noise_ranks * noise_ranks
-            if self._v_every is None:
-                group.pop("v_every", None)  # a loaded group's, from a group_gradient run
-            else:
-                group["v_every"] = self._v_every
+        self._source = MomentSource(
+            noise_ranks=noise_ranks,
+            # the nodes' mean A may ask a node for N times its own step (class docstring)
+            floor_ranks=noise_ranks * noise_ranks if self.share_second_moment_every else None,
+            estimate_every=self._v_every,
+            shared=self.second_moment == "global",
+        )
 
     def _ranks_per_worker(self) -> int:
         """With ``intra_node="all_reduce"`` a node's L ranks act as one (their mean has 1/L the noise)."""
@@ -837,6 +843,12 @@ class DecentralizedAdam(Optimizer):
                 if ref is not None and ref is not view:
                     view.copy_(ref)
                 self.state[param]["exchange_ref"] = view
+
+    @property
+    def moment_source(self) -> MomentSource:
+        """The second moment the AccumAdamW update divides by (from ``second_moment``, the world size
+        and the nodes), passed to each bucket's update."""
+        return self._source
 
     @property
     def step_count(self) -> int:

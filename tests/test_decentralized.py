@@ -899,7 +899,7 @@ def test_local_update_replaces_the_adamw_update() -> None:
     start = flat(model).clone()
     seen: list[int] = []
 
-    def count(state: dict[Any, Any], group: dict[str, Any], params: list[torch.Tensor]) -> None:
+    def count(state: dict[Any, Any], group: dict[str, Any], params: list[torch.Tensor], source: Any) -> None:
         seen.append(len(params))
 
     optimizer = DecentralizedAdam(model.parameters(), lr=LR, local_update=count, bucket_size_mb=1e-4)
@@ -1060,9 +1060,10 @@ def test_the_nodes_keep_their_own_second_moment_by_default(kwargs: dict[str, Any
         nn.Linear(2, 2).parameters(), local_world_size=2, communicator=communicator, **kwargs
     )
     assert optimizer.share_second_moment_every == every
-    floors = {g.get("floor_ranks", g["noise_ranks"]) for g in optimizer.param_groups}
+    source = optimizer.moment_source
     nodes = 2 if kwargs.get("intra_node") == "all_reduce" else 4
-    assert floors == ({nodes**2} if every else {nodes})
+    assert source.noise_ranks == nodes and source.floor_ranks == (nodes**2 if every else None)
+    assert all(set(g) <= {"params", *optimizer.defaults} for g in optimizer.param_groups)
     assert optimizer.state_dict()["decentralized"]["share_second_moment_every"] == every
 
 
@@ -1246,3 +1247,18 @@ def test_group_gradient_state_round_trips_with_the_sum_in_flight_folded_in() -> 
     for optimizer in optimizers:
         optimizer.step()  # nothing left to fold: step 3's gradients are the next sum
     assert {s["group_updates"] for s in optimizers[0].state.values()} == {3}
+
+
+def test_a_state_saved_with_second_moment_keys_in_its_groups_loads_without_them() -> None:
+    """States of earlier versions carried the second moment's source as param-group keys; loading
+    drops them: the groups keep torch's and the user's keys only, and the steps are the same."""
+    communicator = SimulatedCluster(2).communicator(0)
+    model = make_model(0)
+    optimizer = DecentralizedAdam(param_groups(model), lr=LR, communicator=communicator)
+    state = optimizer.state_dict()
+    for group in state["param_groups"]:
+        group.update(noise_ranks=2, v_every=1, floor_ranks=4)
+    optimizer.load_state_dict(state)
+    assert all(set(g) <= {"params", *optimizer.defaults} for g in optimizer.param_groups)
+    assert not {"noise_ranks", "v_every", "floor_ranks"} & set(optimizer.defaults)
+    assert optimizer.moment_source.noise_ranks == 2

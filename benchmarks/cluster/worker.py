@@ -200,7 +200,7 @@ def decentadam_update(spec: WorkerSpec) -> LocalUpdate | None:
     if spec.update_ms_per_mb <= 0:
         return None
 
-    def sleeping_update(state: Any, group: dict[str, Any], params: list[Tensor]) -> None:
+    def sleeping_update(state: Any, group: dict[str, Any], params: list[Tensor], source: Any) -> None:
         time.sleep(_update_seconds(params, spec.update_ms_per_mb))
 
     return sleeping_update

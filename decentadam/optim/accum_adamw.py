@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeAlias, TypeGuard
 
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-__all__ = ["AccumAdamW", "ParamsT", "accum_adamw"]
+__all__ = ["AccumAdamW", "MomentSource", "ParamsT", "accum_adamw"]
 
 ParamsT: TypeAlias = Iterable[Tensor] | Iterable[dict[str, Any]]
 
@@ -65,7 +66,7 @@ class AccumAdamW(Optimizer):
         ``grad_accum``: ``b``, the running mean gradient of the open window (only when
         ``accum_steps > 1``);
         ``noise_sq``: ``S``, the gradient noise estimate (only when ``noise_ranks > 1``, and dropped
-        once the decentralized optimizer's ``group_sq`` replaces it: see ``accum_adamw``).
+        once an estimate ``group_sq`` replaces it: :class:`MomentSource`).
 
     Args:
         params: parameters or parameter groups.
@@ -93,7 +94,11 @@ class AccumAdamW(Optimizer):
         *,
         foreach: bool | None = None,
     ) -> None:
-        defaults = make_defaults(lr, betas, eps, weight_decay, accum_steps, foreach, noise_ranks)
+        defaults = {
+            **make_defaults(lr, betas, eps, weight_decay, accum_steps, foreach),
+            "noise_ranks": noise_ranks,
+        }
+        check_group(defaults)
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -110,8 +115,33 @@ class AccumAdamW(Optimizer):
                 loss = closure()
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
-            step_group(self.state, group, params)
+            # a group saved before noise_ranks existed is its own (n = 1)
+            step_group(self.state, group, params, MomentSource(noise_ranks=group.get("noise_ranks", 1)))
         return loss
+
+
+@dataclass(frozen=True)
+class MomentSource:
+    """What a step divides by beyond the rank's own ``V``: the caller says it per call (it is no
+    param-group key). Corrections (``noise_ranks > 1``) need ``accum_steps=1``.
+
+    ``noise_ranks`` (``n``): the second moment describes the mean of n gradients (:class:`AccumAdamW`);
+    ``floor_ranks`` (``F``, None: ``n``): the corrected second moment is at least ``V / F``;
+    ``estimate_every`` (``k``, None: none): where a parameter's state holds an estimate ``A``
+    (``group_sq``) updated ``u`` (``group_updates``) > 0 times, once per ``k`` steps, ``A`` replaces
+    the correction from ``S``; ``shared``: where a parameter's state holds ``P`` (``shared_sq``), a
+    second moment shared by all ranks, it replaces the rank's own estimate. :func:`accum_adamw` has
+    the formulas; :mod:`decentadam.decentralized` fills ``A`` and ``P``.
+    """
+
+    noise_ranks: int = 1
+    floor_ranks: int | None = None
+    estimate_every: int | None = None
+    shared: bool = False
+
+
+OWN_MOMENT = MomentSource()
+"""The rank's own second moment: AccumAdamW with ``noise_ranks=1``."""
 
 
 def make_defaults(
@@ -121,16 +151,14 @@ def make_defaults(
     weight_decay: float,
     accum_steps: int,
     foreach: bool | None,
-    noise_ranks: int = 1,
 ) -> dict[str, Any]:
-    """The param-group defaults of AccumAdamW; raises ValueError naming the first invalid one."""
+    """The param-group defaults of the AccumAdamW update; raises ValueError naming the first invalid one."""
     defaults = {
         "lr": lr,
         "betas": betas,
         "eps": eps,
         "weight_decay": weight_decay,
         "accum_steps": accum_steps,
-        "noise_ranks": noise_ranks,
         "foreach": foreach,
     }
     check_group(defaults)
@@ -165,7 +193,7 @@ def check_group(group: dict[str, Any]) -> None:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}{where}")
     if not is_count(accum_steps, 1):
         raise ValueError(f"accum_steps must be an integer >= 1, got {accum_steps!r}{where}")
-    noise_ranks = group.setdefault("noise_ranks", 1)  # groups saved before noise_ranks existed
+    noise_ranks = group.get("noise_ranks", 1)  # AccumAdamW's (groups saved before it existed: 1)
     if not is_count(noise_ranks, 1):
         raise ValueError(f"noise_ranks must be an integer >= 1, got {noise_ranks!r}{where}")
     if noise_ranks > 1 and accum_steps > 1:
@@ -176,13 +204,10 @@ def check_group(group: dict[str, Any]) -> None:
         )
 
 
-def corrected_second_moment(st: dict[str, Any], group: dict[str, Any]) -> Tensor:
+def corrected_second_moment(st: dict[str, Any], beta2: float, n: int) -> Tensor:
     """The second moment a rank of ``noise_ranks = n`` divides by on its own, from its state after a
     step: ``max(v - (1 - 1/n) s, v / n)`` (bias-corrected; ``v`` alone after the first step or with
-    ``n = 1``). A new tensor. :class:`~decentadam.DecentralizedAdam` (``second_moment="global"``)
-    averages it over the ranks."""
-    beta2 = group["betas"][1]
-    n: int = group.get("noise_ranks", 1)
+    ``n = 1``). A new tensor: what ranks average into a shared ``P`` (:class:`MomentSource`)."""
     t = int(st["step"].item())
     second: Tensor = st["exp_avg_sq"].div(1.0 - beta2**t)
     noise_sq = st.get("noise_sq")
@@ -192,17 +217,23 @@ def corrected_second_moment(st: dict[str, Any], group: dict[str, Any]) -> Tensor
     return torch.maximum(corrected, second.div_(n), out=corrected)
 
 
-def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], params: list[Tensor]) -> None:
-    """Lazily create state for ``params`` (all with gradients) of ``group`` and take one step.
+def step_group(
+    state: dict[Tensor, dict[str, Any]],
+    group: dict[str, Any],
+    params: list[Tensor],
+    source: MomentSource = OWN_MOMENT,
+) -> None:
+    """Lazily create state for ``params`` (all with gradients) of ``group`` and take one step, with
+    the second moment of ``source``.
 
     Shared by :class:`AccumAdamW` and the decentralized optimizer, which calls it per bucket.
     """
     if not params:
         return
     accum_steps: int = group["accum_steps"]
-    noise_ranks: int = group.get("noise_ranks", 1)
-    v_every: int | None = group.get("v_every") if noise_ranks > 1 else None  # DecentralizedAdam's k
-    floor_ranks: int = group.get("floor_ranks", noise_ranks)  # DecentralizedAdam's shared A: N**2
+    noise_ranks = source.noise_ranks
+    v_every = source.estimate_every if noise_ranks > 1 else None  # k: A replaces S where it has updates
+    floor_ranks = noise_ranks if source.floor_ranks is None else source.floor_ranks
     grads, exp_avgs, exp_avg_sqs, grad_accums, noise_sqs, steps = [], [], [], [], [], []
     group_sqs: list[Tensor | None] = []
     group_updates: list[int] = []
@@ -240,7 +271,7 @@ def step_group(state: dict[Tensor, dict[str, Any]], group: dict[str, Any], param
             noise_sqs.append(st["noise_sq"] if updates == 0 else None)
         group_sqs.append(st["group_sq"] if updates > 0 else None)
         group_updates.append(updates)
-        shared_sqs.append(st.get("shared_sq") if noise_ranks > 1 else None)
+        shared_sqs.append(st.get("shared_sq") if noise_ranks > 1 and source.shared else None)
     beta1, beta2 = group["betas"]
     accum_adamw(
         params,
@@ -294,23 +325,22 @@ def accum_adamw(
     ``grad_accums`` may be empty when ``accum_steps == 1``, ``noise_sqs`` when ``noise_ranks == 1``.
     ``state_steps`` are incremented here.
 
-    ``group_sqs`` (``noise_ranks > 1`` only): per parameter ``A``, the second moment of the mean
-    gradient that :class:`~decentadam.DecentralizedAdam` (``second_moment="group_gradient"``)
-    estimates from its exchange group's gradients, updated ``group_updates`` (``u``) times, every
-    ``v_every`` (``k``) steps, or ``None`` where ``u = 0``. Where given it replaces the noise
-    correction: ``v = max(A / (1 - beta2**(k u)), V / (1 - beta2**t) / n)``, and that parameter's
-    ``S`` is neither read nor updated (its ``noise_sqs`` entry may be ``None``).
+    ``group_sqs`` (``noise_ranks > 1`` only): per parameter ``A``, an estimate of the second moment
+    of the mean gradient (from other ranks' gradients: :mod:`decentadam.decentralized`),
+    updated ``group_updates`` (``u``) times, every ``v_every`` (``k``) steps, or ``None`` where
+    ``u = 0``. Where given it replaces the noise correction: ``v = max(A / (1 - beta2**(k u)), V /
+    (1 - beta2**t) / n)``, and that parameter's ``S`` is neither read nor updated (its ``noise_sqs``
+    entry may be ``None``).
 
     ``floor_ranks`` (``F``, default ``n``; ``noise_ranks > 1`` only): the floor of the corrected
     second moment is ``V / (1 - beta2**t) / F``, so the step grows at most ``sqrt(F)``-fold over the
-    rank's own. :class:`~decentadam.DecentralizedAdam` lowers it to ``N**2`` where its nodes share
-    ``A`` (``share_second_moment_every``).
+    rank's own (``N**2`` where nodes share ``A``: :mod:`decentadam.decentralized`).
 
-    ``shared_sqs`` (``noise_ranks > 1`` only): per parameter ``P``, a second moment shared by all
-    ranks (bias-corrected: :class:`~decentadam.DecentralizedAdam`'s ``second_moment="global"``), or
-    ``None``. Where given, ``v = max(P, V / (1 - beta2**t) / n**2)``: the ranks divide by one ``P``,
-    and a rank alone in seeing a gradient (a rare token) may step ``n`` times its own Adam step
-    there, as All-Reduce's mean would ask. ``S`` is still updated (the rank's next estimate).
+    ``shared_sqs`` (``noise_ranks > 1`` only): per parameter ``P``, a bias-corrected second moment
+    shared by all ranks, or ``None``. Where given, ``v = max(P, V / (1 - beta2**t) / n**2)``: the
+    ranks divide by one ``P``, and a rank alone in seeing a gradient (a rare token) may step ``n``
+    times its own Adam step there, as All-Reduce's mean would ask. ``S`` is still updated (the
+    rank's next estimate).
     """
     noise_sqs = noise_sqs if noise_sqs is not None else []
     group_sqs = group_sqs if group_sqs is not None else [None] * len(params)
