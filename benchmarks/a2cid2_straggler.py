@@ -56,7 +56,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from decentadam import A2CiD2, DecentralizedAdam
+from decentadam import A2CiD2, Comm, DecentralizedAdam, Setting
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("allreduce", "sync-gossip", "async-gossip", "a2cid2")
@@ -137,7 +137,9 @@ def train(rank: int, world_size: int, method: str, seed: int, args: dict[str, An
     if method == "allreduce":
         optimizer = torch.optim.SGD([weight], lr=LR, momentum=MOMENTUM)
     elif method == "sync-gossip":
-        optimizer = DecentralizedAdam([weight], lr=LR, topology="ring", local_update=sgd_momentum)
+        optimizer = DecentralizedAdam(
+            [weight], lr=LR, setting=Setting(topology="ring"), comm=Comm(local_update=sgd_momentum)
+        )
     else:
         local = torch.optim.SGD([weight], lr=LR, momentum=MOMENTUM)
         optimizer = A2CiD2(

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from decentadam import DecentralizedAdam
+from decentadam import Comm, DecentralizedAdam, Setting
 from decentadam.topology import Group
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -67,10 +67,9 @@ def time_steps(device: str, param_mb: float, steps: int) -> list[float]:
         p.grad = torch.zeros_like(p)
     optimizer = DecentralizedAdam(
         params,
-        topology="complete",
-        communicator=ArrivedCommunicator(),
-        bucket_size_mb=25.0,
-        local_update=_no_update,  # the Adam arithmetic, off
+        setting=Setting(topology="complete"),
+        # the Adam arithmetic, off
+        comm=Comm(communicator=ArrivedCommunicator(), bucket_size_mb=25.0, local_update=_no_update),
     )
     seconds = []
     for index in range(steps + 5):

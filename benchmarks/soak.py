@@ -57,7 +57,7 @@ from torch import nn
 
 from benchmarks.a2cid2_straggler import free_port  # the same loopback launch
 from benchmarks.machine import machine
-from decentadam import A2CiD2, DecentralizedAdam
+from decentadam import A2CiD2, Comm, DecentralizedAdam, Setting
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("aer-step", "aer-backward", "a2cid2")
@@ -147,8 +147,8 @@ def soak(rank: int, mode: str, steps: int, sample_every: int, a2cid2_step_ms: fl
     else:
         overlap: Literal["step", "backward"] = "backward" if mode == "aer-backward" else "step"
         optimizer = DecentralizedAdam(
-            model.parameters(), lr=1e-3, topology="aer", local_world_size=LOCAL_WORLD_SIZE, overlap=overlap,
-            timeout=60,
+            model.parameters(), lr=1e-3, setting=Setting(topology="aer"),
+            comm=Comm(local_world_size=LOCAL_WORLD_SIZE, overlap=overlap, timeout=60),
         )  # fmt: skip
         pause = 0.0
     samples = [sample(0, 0)]

@@ -90,7 +90,7 @@ class BackwardSchedule:
         position = self._position[key]
         if position < self._next:
             raise RuntimeError(
-                "DecentralizedAdam(overlap='backward'): a gradient arrived for a bucket that was already "
+                "Comm(overlap='backward'): a gradient arrived for a bucket that was already "
                 "updated in this iteration. This happens with gradient accumulation over several "
                 "backward passes per optimizer step; use overlap='step' for that."
             )

@@ -9,8 +9,8 @@ one process run the same update code as n processes would, with no process group
     cluster = SimulatedCluster(4)
     models = [build_model() for _ in range(4)]
     optimizers = [
-        DecentralizedAdam(m.parameters(), topology="aer", local_world_size=2,
-                          communicator=cluster.communicator(rank))
+        DecentralizedAdam(m.parameters(), setting=Setting(topology="aer"),
+                          comm=Comm(local_world_size=2, communicator=cluster.communicator(rank)))
         for rank, m in enumerate(models)                 # rank 0 first: it broadcasts its weights
     ]
     for step in range(steps):
@@ -21,7 +21,7 @@ one process run the same update code as n processes would, with no process group
             optimizer.step()
     average = cluster.average([list(m.parameters()) for m in models])
 
-The ranks must advance in lock step: every rank's ``step(t)`` (or, with ``overlap="backward"``,
+The ranks must advance in lock step: every rank's ``step(t)`` (or, with ``Comm(overlap="backward")``,
 every rank's backward of iteration ``t``) before any rank's iteration ``t + 1``, which is the
 order in which a real run's exchanges complete. An exchange is summed, in rank order, when its
 first member waits for it; waiting for one that a member has not started yet is a
@@ -29,7 +29,7 @@ first member waits for it; waiting for one that a member has not started yet is 
 simulated: its first step starts an exchange of the loaded weights and waits for it at once, which
 needs the other ranks running at the same time.
 
-With ``intra_node="all_reduce"`` a rank's ``step()`` waits for its node's gradient sum: call
+With ``Setting(intra_node="all_reduce")`` a rank's ``step()`` waits for its node's gradient sum: call
 ``start_gradient_sums()`` on every rank, in rank order, before any rank's ``step()`` (and keep
 ``overlap="step"``: in backward mode each bucket's hook waits for its sum during the backward).
 

@@ -244,7 +244,7 @@ def resolve(topology: str | Topology, world_size: int, local_world_size: int) ->
 def over_nodes(topology: str | Topology, world_size: int, local_world_size: int) -> Topology:
     """``topology`` among the nodes, for ranks that average their gradients inside their node.
 
-    ``DecentralizedAdam(intra_node="all_reduce")``: the ranks of a node (``local_world_size``
+    ``Setting(intra_node="all_reduce")``: the ranks of a node (``local_world_size``
     consecutive ranks) hold the same parameters, so only nodes average. ``topology`` (a name, or a
     :class:`Topology` built for ``world_size / local_world_size`` ranks) is the schedule of the
     ``N`` nodes, each node acting as one rank of it (a name is built with ``local_world_size=1``);
@@ -318,7 +318,7 @@ def has_global_round(topology: Topology) -> bool:
 def changing_groups(topology: Topology) -> tuple[int, list[Group]] | None:
     """``(rank, its groups)`` for the first rank that averages with more than one group over the
     schedule (its groups of one left out), or ``None`` when every rank has one fixed group (what
-    ``DecentralizedAdam(exchange="bf16_updates")`` needs)."""
+    ``Setting(exchange="bf16_updates")`` needs without exact averages)."""
     for rank in range(topology.world_size):
         groups = {topology.group_of(rank, t) for t in range(topology.period)} - {(rank,)}
         if len(groups) > 1:

@@ -40,7 +40,7 @@ from accelerate.utils import set_seed
 from char_data import CharDataset, load_text, split, tiny_gpt2, vocabulary_of
 from torch.utils.data import DataLoader
 
-from decentadam import DecentralizedAdam, checkpoint_files
+from decentadam import SETTINGS, DecentralizedAdam, checkpoint_files, make_setting
 from decentadam.checkpoint import load_checkpoint, save_checkpoint
 from decentadam.consensus import averaged
 from decentadam.distributed import init_restartable_process_group
@@ -60,20 +60,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=30, help="linear warm-up steps, then inverse sqrt")
-    parser.add_argument("--topology", default="aer", help="complete, ring, one-peer-exp or aer")
     parser.add_argument(
-        "--second-moment",
-        choices=("all_ranks", "local", "group_gradient"),
-        default="all_ranks",
-        help="DecentralizedAdam's",
+        "--setting",
+        default="default",
+        help=f"DecentralizedAdam's setting: {', '.join(SETTINGS)} (docs/choosing.md)",
     )
-    parser.add_argument(
-        "--intra-node",
-        choices=("gossip", "all_reduce"),
-        default="gossip",
-        help="DecentralizedAdam's: all_reduce averages the gradients inside each node, only nodes gossip",
-    )
-    parser.add_argument("--accum-steps", type=int, default=1, help="AccumAdam window s (second moment local)")
+    parser.add_argument("--topology", help="complete, ring, one-peer-exp or aer (default: the setting's)")
     parser.add_argument("--log-every", type=int, default=50, help="steps between logs and evaluations")
     parser.add_argument("--output-dir", help="write a checkpoint here at the end")
     parser.add_argument(
@@ -134,8 +126,7 @@ def main() -> None:
     model = tiny_gpt2(vocabulary, args.block).to(accelerator.device)  # on its device before the optimizer
     optimizer = DecentralizedAdam(  # decentadam
         model.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=0.01,
-        accum_steps=args.accum_steps, second_moment=args.second_moment, intra_node=args.intra_node,
-        topology=args.topology,
+        setting=make_setting(args.setting, topology=args.topology),
     )  # fmt: skip
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda t: min((t + 1) / args.warmup, math.sqrt(args.warmup / (t + 1)))
@@ -165,7 +156,7 @@ def main() -> None:
 
     first_val = evaluate()
     accelerator.print(
-        f"{accelerator.num_processes} processes, topology {args.topology}: val loss {first_val:.4f}"
+        f"{accelerator.num_processes} processes, topology {optimizer.topology.name}: val loss {first_val:.4f}"
     )
     step, seconds, window = start_step, [], []
     while step < args.steps:

@@ -26,6 +26,7 @@ import torch
 from char_data import CharDataset, load_text, split, tiny_gpt2, vocabulary_of
 from transformers import TrainingArguments
 
+from decentadam import SETTINGS
 from decentadam.distributed import init_restartable_process_group
 from decentadam.integrations.trainer import (
     DecentralizedArguments,
@@ -45,17 +46,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--block", type=int, default=64)
-    parser.add_argument("--topology", default="aer")
     parser.add_argument(
-        "--second-moment", choices=("all_ranks", "local", "group_gradient"), default="all_ranks"
+        "--setting", help=f"DecentralizedAdam's setting: {', '.join(SETTINGS)} (docs/choosing.md)"
     )
-    parser.add_argument(
-        "--intra-node",
-        choices=("gossip", "all_reduce"),
-        default="gossip",
-        help="all_reduce: the ranks of a node average their gradients, only nodes gossip",
-    )
-    parser.add_argument("--accum-steps", type=int, default=1, help="AccumAdam window s (second moment local)")
+    parser.add_argument("--topology", help="complete, ring, one-peer-exp or aer (default: the setting's)")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument(
         "--resume",
@@ -121,12 +115,7 @@ def main() -> None:
         args=training,
         train_dataset=CharDataset(train_text, vocabulary, args.block),
         eval_dataset=CharDataset(val_text, vocabulary, args.block),
-        decentralized=DecentralizedArguments(
-            topology=args.topology,
-            second_moment=args.second_moment,
-            intra_node=args.intra_node,
-            accum_steps=args.accum_steps,
-        ),
+        decentralized=DecentralizedArguments(setting=args.setting, topology=args.topology),
     )
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()  # the consensus model: GPT2LMHeadModel.from_pretrained(output_dir) loads it

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from decentadam import A2CiD2, AccumAdamW, DecentralizedAdam, shutdown
+from decentadam import A2CiD2, AccumAdamW, DecentralizedAdam, Setting, shutdown
 from decentadam.asynchronous.a2cid2 import continuized_average_, continuized_constants, continuized_mix_
 from decentadam.asynchronous.graph import Graph, as_graph, build_graph
 from decentadam.asynchronous.pairing import PeerFailure
@@ -111,7 +111,7 @@ def test_single_process_is_the_local_optimizer() -> None:
 def test_bad_arguments_name_the_problem() -> None:
     params = [nn.Parameter(torch.zeros(3))]
     with pytest.raises(TypeError, match="wraps a local torch optimizer"):
-        A2CiD2(DecentralizedAdam(params, topology="ring"))
+        A2CiD2(DecentralizedAdam(params, setting=Setting(topology="ring")))
     with pytest.raises(ValueError, match="rate must be > 0"):
         A2CiD2(AccumAdamW(params), rate=0.0)
     with pytest.raises(ValueError, match="schedule must be"):

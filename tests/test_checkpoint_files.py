@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from decentadam import DecentralizedAdam
+from decentadam import DecentralizedAdam, Setting
 from decentadam import checkpoint_files as files
 from decentadam.checkpoint import load_checkpoint, save_checkpoint
 
@@ -27,7 +27,9 @@ def saved(tmp_path: Path) -> tuple[Path, nn.Module, DecentralizedAdam]:
     """A one-process checkpoint (weights, AccumAdam state, scheduler, RNG) and what wrote it."""
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
-    optimizer = DecentralizedAdam(model.parameters(), lr=0.1, accum_steps=2, second_moment="local")
+    optimizer = DecentralizedAdam(
+        model.parameters(), lr=0.1, accum_steps=2, setting=Setting(second_moment="local")
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 0.5)
     model(torch.ones(1, 3)).sum().backward()  # type: ignore[no-untyped-call]
     optimizer.step()

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from decentadam import DecentralizedAdam
+from decentadam import Comm, DecentralizedAdam, Setting
 from decentadam.collectives import ProcessGroupCommunicator, SingleProcessCommunicator, node_layout
 from decentadam.shutdown import close_all
 from decentadam.topology import build
@@ -117,7 +117,9 @@ def test_a_stalled_peer_makes_the_wait_time_out() -> None:
 def optimizer_groups_worker(rank: int, world_size: int, hierarchical: bool) -> list[tuple[int, ...]]:
     model = torch.nn.Linear(8, 8)
     optimizer = DecentralizedAdam(
-        model.parameters(), topology="aer", local_world_size=2, hierarchical=hierarchical
+        model.parameters(),
+        setting=Setting(topology="aer"),
+        comm=Comm(local_world_size=2, hierarchical=hierarchical),
     )
     assert isinstance(optimizer.communicator, ProcessGroupCommunicator)
     planned = sorted(optimizer.communicator.hierarchical_groups)
@@ -135,5 +137,6 @@ def test_decentralized_adam_switches_hierarchical_sums(hierarchical: bool) -> No
 def test_hierarchical_false_with_a_custom_communicator_is_refused() -> None:
     with pytest.raises(ValueError, match="hierarchical=False configures the default communicator"):
         DecentralizedAdam(
-            torch.nn.Linear(2, 2).parameters(), communicator=SingleProcessCommunicator(), hierarchical=False
+            torch.nn.Linear(2, 2).parameters(),
+            comm=Comm(communicator=SingleProcessCommunicator(), hierarchical=False),
         )

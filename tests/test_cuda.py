@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from decentadam import AccumAdamW, DecentralizedAdam
+from decentadam import AccumAdamW, Comm, DecentralizedAdam, Setting
 from decentadam.collectives import ProcessGroupCommunicator
 from tests.distributed_harness import free_port, run_distributed
 from tests.test_decentralized import STEPS, batch, flat, make_model, param_groups, simulate
@@ -66,10 +66,8 @@ def cuda_worker(rank: int, world_size: int, name: str, local_world_size: int) ->
         betas=BETAS,
         eps=EPS,
         accum_steps=4,
-        second_moment="local",
-        topology=name,
-        local_world_size=local_world_size,
-        bucket_size_mb=1e-4,
+        setting=Setting(second_moment="local", topology=name),
+        comm=Comm(local_world_size=local_world_size, bucket_size_mb=1e-4),
     )
     assert all(b.buffer.is_cuda for b in optimizer.buckets)
     # CUDA buckets never take the CPU-only three phases, so their process groups are not built
@@ -96,14 +94,15 @@ def test_nccl_process_group_single_rank(tmp_path: Path) -> None:
     script = tmp_path / "nccl.py"
     script.write_text(
         "import torch, torch.distributed as dist\n"
-        "from decentadam import DecentralizedAdam\n"
+        "from decentadam import Comm, DecentralizedAdam, Setting\n"
         "from decentadam.checkpoint import save_checkpoint, load_checkpoint\n"
         "dist.init_process_group('nccl')\n"
         "torch.cuda.set_device(0)\n"
         "torch.manual_seed(0)\n"
         "model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))\n"
         "model = model.cuda()\n"
-        "opt = DecentralizedAdam(model.parameters(), lr=1e-2, topology='aer', timeout=30.0)\n"
+        "opt = DecentralizedAdam(model.parameters(), lr=1e-2, setting=Setting(topology='aer'), "
+        "comm=Comm(timeout=30.0))\n"
         "x, y = torch.randn(64, 16, device='cuda'), torch.randn(64, 4, device='cuda')\n"
         "losses = []\n"
         "for _ in range(20):\n"
@@ -146,7 +145,7 @@ def test_accelerate_mixed_precision_on_cuda(precision: str) -> None:
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 2)).to(accelerator.device)
     seen: list[torch.dtype] = []
     model[0].register_forward_hook(lambda module, args, output: seen.append(output.dtype))
-    optimizer = DecentralizedAdam(model.parameters(), lr=1e-2, topology="ring")
+    optimizer = DecentralizedAdam(model.parameters(), lr=1e-2, setting=Setting(topology="ring"))
     model, optimizer = prepare(accelerator, model, optimizer)
     if precision == "fp16":
         assert isinstance(accelerator.scaler, SyncedGradScaler)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import os
@@ -14,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from decentadam import DecentralizedAdam
+from decentadam import Comm, DecentralizedAdam, Setting, make_setting
 from decentadam.collectives import ProcessGroupCommunicator
 from decentadam.simulation import SimulatedCluster
 from decentadam.topology import build, changing_groups, over_nodes, with_global_average
@@ -163,23 +164,43 @@ def parse_topology(name: str) -> tuple[str, int]:
     return base, int(every or 0)
 
 
+ADAM_KEYS = ("lr", "betas", "eps", "weight_decay", "accum_steps", "foreach")
+
+
+def built(params: Any, **flat: Any) -> DecentralizedAdam:
+    """DecentralizedAdam from options given flat, as a configuration file holds them: the setting's
+    through ``make_setting``, the communication's through ``Comm``."""
+    comm_keys = {field.name for field in dataclasses.fields(Comm)}
+    adam = {k: v for k, v in flat.items() if k in ADAM_KEYS}
+    comm = {k: v for k, v in flat.items() if k in comm_keys}
+    setting = {k: v for k, v in flat.items() if k not in adam and k not in comm}
+    return DecentralizedAdam(
+        params, **adam, setting=make_setting(**setting) if setting else None, comm=Comm(**comm)
+    )
+
+
 def make_optimizer(
     model: nn.Module, name: str, local_world_size: int, accum_steps: int, overlap: str, second_moment: str
 ) -> DecentralizedAdam:
     base, average_every = parse_topology(name)
+    setting = make_setting(
+        **second_moment_args(second_moment),
+        **({"average_every": average_every} if average_every else {}),
+        topology=base,
+        sync_steps=sync_of(overlap),
+    )
     return DecentralizedAdam(
         param_groups(model),
         lr=LR,
         betas=BETAS,
         eps=EPS,
         accum_steps=accum_steps,
-        **second_moment_args(second_moment),
-        **({"average_every": average_every} if average_every else {}),
-        topology=base,
-        local_world_size=local_world_size,
-        bucket_size_mb=1e-4,  # ~100 bytes: several buckets per parameter group
-        overlap=overlap.split(":")[-1],  # type: ignore[arg-type]
-        sync_steps=sync_of(overlap),
+        setting=setting,
+        comm=Comm(
+            local_world_size=local_world_size,
+            bucket_size_mb=1e-4,  # ~100 bytes: several buckets per parameter group
+            overlap=overlap.split(":")[-1],  # type: ignore[arg-type]
+        ),
     )
 
 
@@ -214,7 +235,7 @@ def train_worker(rank: int, world_size: int, configs: list[Config]) -> list[dict
                 "consensus": optimizer.consensus_distance(),
                 "bytes_sent": optimizer.stats.bytes_sent,
                 "ref": torch.cat([optimizer.state[q]["exchange_ref"].reshape(-1) for q in model.parameters()])
-                if optimizer.exchange == "bf16_updates"
+                if optimizer.setting.exchange == "bf16_updates"
                 else None,
             }
         )
@@ -525,8 +546,9 @@ def test_bf16_updates_state_from_other_groups_takes_a_whole_exchange() -> None:
     models = [make_model(seed=100) for _ in range(4)]
     optimizers = [
         DecentralizedAdam(
-            param_groups(m), lr=LR, topology="complete", local_world_size=2, intra_node="all_reduce",
-            exchange="bf16_updates", communicator=cluster.communicator(rank),
+            param_groups(m), lr=LR,
+            setting=Setting(topology="complete", intra_node="all_reduce", exchange="bf16_updates"),
+            comm=Comm(local_world_size=2, communicator=cluster.communicator(rank)),
         )
         for rank, m in enumerate(models)
     ]  # fmt: skip
@@ -536,10 +558,10 @@ def test_bf16_updates_state_from_other_groups_takes_a_whole_exchange() -> None:
         state = copy.deepcopy(saved)
         state["decentralized"].update(change)
         optimizer.load_state_dict(state)
-        assert {u.whole for u in optimizer._updates.values()} == {whole}, change
+        assert optimizer._parameters.whole is whole, change
     del saved["decentralized"]
     optimizer.load_state_dict(saved)
-    assert {u.whole for u in optimizer._updates.values()} == {True}
+    assert optimizer._parameters.whole
 
 
 def test_bf16_updates_resume_a_state_saved_without_r_from_the_mean() -> None:
@@ -567,9 +589,9 @@ def train_simulated(
     base, every = parse_topology(name)
     optimizers = [
         DecentralizedAdam(
-            param_groups(model), lr=LR, betas=BETAS, eps=EPS, **second_moment_args(second_moment),
-            topology=base, average_every=every, local_world_size=local_world_size, bucket_size_mb=1e-4,
-            communicator=cluster.communicator(rank),
+            param_groups(model), lr=LR, betas=BETAS, eps=EPS,
+            setting=make_setting(**second_moment_args(second_moment), topology=base, average_every=every),
+            comm=Comm(local_world_size, bucket_size_mb=1e-4, communicator=cluster.communicator(rank)),
         )
         for rank, model in enumerate(models)
     ]  # fmt: skip
@@ -689,7 +711,7 @@ def mismatched_worker(rank: int, world_size: int, difference: str) -> str:
     if difference == "groups":
         params = [{"params": [model.weight]}, {"params": [model.bias]}] if rank == 0 else params
     try:
-        DecentralizedAdam(params, topology="ring")
+        DecentralizedAdam(params, setting=Setting(topology="ring"))
     except ValueError as error:
         return str(error)
     return "no error"
@@ -711,10 +733,8 @@ def skipping_worker(rank: int, world_size: int, overlap: str) -> torch.Tensor:
         layers.parameters(),
         lr=LR,
         accum_steps=2,
-        second_moment="local",
-        topology="complete",
-        bucket_size_mb=1e-6,
-        overlap=overlap,
+        setting=Setting(second_moment="local", topology="complete"),
+        comm=Comm(bucket_size_mb=1e-6, overlap=overlap),
     )
     assert len(optimizer.buckets) == 3
     for step in range(6):
@@ -744,7 +764,9 @@ def failing_peer_worker(rank: int, world_size: int, failure: str, topology: str)
     """Rank 1 dies (or stalls) after 3 steps; rank 0 must stop with a clear error, not hang."""
     model = make_model(0)
     optimizer = DecentralizedAdam(
-        model.parameters(), topology=topology, local_world_size=2, timeout=3.0, bucket_size_mb=1e-4
+        model.parameters(),
+        setting=Setting(topology=topology),
+        comm=Comm(local_world_size=2, timeout=3.0, bucket_size_mb=1e-4),
     )
     for step in range(1000):
         if rank == 1 and step == 3:
@@ -790,7 +812,9 @@ def exit_worker(rank: int, world_size: int, topology: str) -> dict[str, Any]:
     torch.distributed.barrier()  # the default group starts its workers at its first collective
     before = gloo_workers()
     model = make_model(0)
-    optimizer = DecentralizedAdam(model.parameters(), topology=topology, local_world_size=2)
+    optimizer = DecentralizedAdam(
+        model.parameters(), setting=Setting(topology=topology), comm=Comm(local_world_size=2)
+    )
     deadline = time.monotonic() + 30.0  # a new thread, too, is listed a moment after it started
     while (during := gloo_workers()) <= before and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -845,11 +869,15 @@ def close_worker(rank: int, world_size: int, how: str) -> dict[str, Any]:
         return optimizer.communicator.in_flight
 
     if how == "with":
-        with DecentralizedAdam(model.parameters(), topology="aer", local_world_size=2) as optimizer:
+        with DecentralizedAdam(
+            model.parameters(), setting=Setting(topology="aer"), comm=Comm(local_world_size=2)
+        ) as optimizer:
             in_flight = train(optimizer)
     else:
         optimizer = DecentralizedAdam(
-            model.parameters(), topology="aer", local_world_size=2, overlap="backward"
+            model.parameters(),
+            setting=Setting(topology="aer"),
+            comm=Comm(local_world_size=2, overlap="backward"),
         )
         in_flight = train(optimizer)
         optimizer.close()
@@ -902,7 +930,9 @@ def test_local_update_replaces_the_adamw_update() -> None:
     def count(state: dict[Any, Any], group: dict[str, Any], params: list[torch.Tensor], source: Any) -> None:
         seen.append(len(params))
 
-    optimizer = DecentralizedAdam(model.parameters(), lr=LR, local_update=count, bucket_size_mb=1e-4)
+    optimizer = DecentralizedAdam(
+        model.parameters(), lr=LR, comm=Comm(local_update=count, bucket_size_mb=1e-4)
+    )
     for step in range(2):
         optimizer.zero_grad()
         loss_of(model, 0, step).backward()
@@ -942,9 +972,10 @@ def test_a_resume_exchanges_again_only_what_was_in_flight(
     so a resume there sends no exchange first; after it, x(t) is exchanged again (bitwise resume,
     tested in test_matches_simulation_of_n_workers with "resume:sync20:step")."""
     optimizer = DecentralizedAdam(
-        nn.Linear(2, 2).parameters(), topology="complete", sync_steps=now_sync,
-        communicator=SimulatedCluster(2).communicator(0),
-    )  # fmt: skip
+        nn.Linear(2, 2).parameters(),
+        setting=Setting(topology="complete", sync_steps=now_sync),
+        comm=Comm(communicator=SimulatedCluster(2).communicator(0)),
+    )
     state = optimizer.state_dict()
     state["decentralized"].update(step=saved_step, sync_steps=saved_sync)
     optimizer.load_state_dict(state)
@@ -968,8 +999,7 @@ def test_single_process_equals_adamw(second_moment: str) -> None:
         lr=LR,
         weight_decay=WD,
         accum_steps=1,
-        topology="aer",
-        **second_moment_args(second_moment),
+        setting=make_setting(topology="aer", **second_moment_args(second_moment)),
     )
     theirs = torch.optim.AdamW(reference.parameters(), lr=LR, weight_decay=WD)
     for step in range(20):
@@ -982,7 +1012,7 @@ def test_single_process_equals_adamw(second_moment: str) -> None:
 
 def test_backward_overlap_rejects_two_backwards_per_step() -> None:
     model = make_model(0)
-    optimizer = DecentralizedAdam(model.parameters(), overlap="backward")
+    optimizer = DecentralizedAdam(model.parameters(), comm=Comm(overlap="backward"))
     optimizer.zero_grad()
     loss_of(model, 0, 0).backward()  # the first iteration calibrates hook counts
     optimizer.step()
@@ -1005,7 +1035,10 @@ def test_backward_overlap_rejects_two_backwards_per_step() -> None:
         ({"second_moment": "group_gradient", "v_every": 0}, r"v_every must be an integer >= 1 .* got 0"),
         ({"v_every": 2}, r"v_every=2 .* but second_moment='all_ranks': pass second_moment='group_gradient'"),
         ({"second_moment": "local", "v_every": 1}, r"but second_moment='local'"),
-        ({"second_moment": "group_gradient", "accum_steps": 2}, r"accum_steps=2: use accum_steps=1 with it"),
+        (
+            {"second_moment": "group_gradient", "accum_steps": 2},
+            r"accum_steps=2 is the accumulation window .* use setting='accumadam'",
+        ),
         ({"intra_node": "node"}, r"intra_node must be 'gossip' or 'all_reduce', got 'node'"),
         ({"exchange": "fp8"}, r"exchange must be 'parameters' or 'bf16_updates', got 'fp8'"),
         (
@@ -1026,21 +1059,26 @@ def test_backward_overlap_rejects_two_backwards_per_step() -> None:
         ),
         (
             {"intra_node": "all_reduce", "share_second_moment_every": 2},
-            r"but second_moment='all_ranks', intra_node='all_reduce': pass .* or leave it out",
+            r"but second_moment='all_ranks': pass intra_node='all_reduce', second_moment='group_gradient' "
+            r".* or leave it out",
         ),
         ({"average_every": -2}, r"average_every must be an integer >= 0 .* got -2"),
     ],
 )
 def test_bad_arguments_name_the_problem(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        DecentralizedAdam(nn.Linear(2, 2).parameters(), **kwargs)
+        built(nn.Linear(2, 2).parameters(), **kwargs)
 
 
 def test_the_global_second_moment_needs_exact_averages() -> None:
     communicator = SimulatedCluster(4).communicator(0)
     match = r"second_moment='global' averages .* has none: pass average_every=k"
     with pytest.raises(ValueError, match=match):
-        DecentralizedAdam(nn.Linear(2, 2).parameters(), second_moment="global", communicator=communicator)
+        DecentralizedAdam(
+            nn.Linear(2, 2).parameters(),
+            setting=Setting(second_moment="global"),
+            comm=Comm(communicator=communicator),
+        )
 
 
 @pytest.mark.parametrize(
@@ -1056,10 +1094,8 @@ def test_the_nodes_keep_their_own_second_moment_by_default(kwargs: dict[str, Any
     """share_second_moment_every is 0 unless given: each node keeps its own A and the floor V / N (2
     nodes x 2 here); k = 2 with the nodes' group_gradient estimate lowers the floor to V / N**2."""
     communicator = SimulatedCluster(4).communicator(0)
-    optimizer = DecentralizedAdam(
-        nn.Linear(2, 2).parameters(), local_world_size=2, communicator=communicator, **kwargs
-    )
-    assert optimizer.share_second_moment_every == every
+    optimizer = built(nn.Linear(2, 2).parameters(), local_world_size=2, communicator=communicator, **kwargs)
+    assert optimizer.setting.share_every == every
     source = optimizer.moment_source
     nodes = 2 if kwargs.get("intra_node") == "all_reduce" else 4
     assert source.noise_ranks == nodes and source.floor_ranks == (nodes**2 if every else None)
@@ -1084,9 +1120,7 @@ def test_the_nodes_keep_their_own_second_moment_by_default(kwargs: dict[str, Any
 def test_bad_node_arguments_name_the_problem(kwargs: dict[str, Any], match: str) -> None:
     communicator = SimulatedCluster(4).communicator(0)
     with pytest.raises(ValueError, match=match):
-        DecentralizedAdam(
-            nn.Linear(2, 2).parameters(), intra_node="all_reduce", communicator=communicator, **kwargs
-        )
+        built(nn.Linear(2, 2).parameters(), intra_node="all_reduce", communicator=communicator, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -1107,9 +1141,7 @@ def test_bad_node_arguments_name_the_problem(kwargs: dict[str, Any], match: str)
 def test_bf16_updates_need_one_fixed_group_per_rank(kwargs: dict[str, Any], match: str) -> None:
     communicator = SimulatedCluster(4).communicator(0)
     with pytest.raises(ValueError, match=match):
-        DecentralizedAdam(
-            nn.Linear(2, 2).parameters(), exchange="bf16_updates", communicator=communicator, **kwargs
-        )
+        built(nn.Linear(2, 2).parameters(), exchange="bf16_updates", communicator=communicator, **kwargs)
 
 
 def test_one_rank_with_node_averaged_gradients_is_adamw() -> None:
@@ -1117,9 +1149,14 @@ def test_one_rank_with_node_averaged_gradients_is_adamw() -> None:
     model = nn.Linear(3, 2).double()
     reference = copy.deepcopy(model)
     optimizer = DecentralizedAdam(
-        model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, second_moment="group_gradient",
-        intra_node="all_reduce", local_world_size=2,
-    )  # fmt: skip
+        model.parameters(),
+        lr=LR,
+        betas=BETAS,
+        eps=EPS,
+        weight_decay=WD,
+        setting=Setting(second_moment="group_gradient", intra_node="all_reduce"),
+        comm=Comm(local_world_size=2),
+    )
     adamw = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     for step in range(5):
         for m, o in ((model, optimizer), (reference, adamw)):
@@ -1132,16 +1169,20 @@ def test_one_rank_with_node_averaged_gradients_is_adamw() -> None:
 
 def test_loading_state_saved_with_another_second_moment_warns(caplog: pytest.LogCaptureFixture) -> None:
     model = nn.Linear(2, 2)
-    saved = DecentralizedAdam(model.parameters(), second_moment="group_gradient", v_every=2)
+    saved = DecentralizedAdam(
+        model.parameters(), setting=make_setting(second_moment="group_gradient", v_every=2)
+    )
     model(torch.ones(1, 2)).sum().backward()
     saved.step()
-    loading = DecentralizedAdam(model.parameters(), second_moment="group_gradient", v_every=1)
-    with caplog.at_level(logging.WARNING, logger="decentadam.decentralized"):
+    loading = DecentralizedAdam(
+        model.parameters(), setting=make_setting(second_moment="group_gradient", v_every=1)
+    )
+    with caplog.at_level(logging.WARNING, logger="decentadam.optimizer_state"):
         loading.load_state_dict(saved.state_dict())
     saved_with = "second_moment='group_gradient', v_every=2, intra_node='gossip', share_second_moment_every=0"
     assert f"{saved_with}; continuing" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="decentadam.decentralized"):
+    with caplog.at_level(logging.WARNING, logger="decentadam.optimizer_state"):
         saved.load_state_dict(saved.state_dict())
     assert caplog.text == ""
 
@@ -1154,8 +1195,8 @@ def run_with_late_parameter(overlap: str) -> torch.Tensor:
         [*first.parameters(), *second.parameters()],
         lr=LR,
         accum_steps=2,
-        second_moment="local",
-        overlap=overlap,  # type: ignore[arg-type]
+        setting=Setting(second_moment="local"),
+        comm=Comm(overlap=overlap),
     )
     for step in range(5):
         optimizer.zero_grad()
@@ -1175,7 +1216,7 @@ def test_backward_mode_with_a_parameter_unused_in_the_first_iteration_equals_ste
 
 def test_remove_hooks_between_backward_and_step_is_refused() -> None:
     model = make_model(0)
-    optimizer = DecentralizedAdam(model.parameters(), overlap="backward")
+    optimizer = DecentralizedAdam(model.parameters(), comm=Comm(overlap="backward"))
     for step in range(2):  # the second iteration's hooks step the buckets during backward
         optimizer.zero_grad()
         loss_of(model, 0, step).backward()
@@ -1214,10 +1255,8 @@ def test_group_gradient_state_round_trips_with_the_sum_in_flight_folded_in() -> 
             DecentralizedAdam(
                 m.parameters(),
                 lr=LR,
-                topology="complete",
-                second_moment="group_gradient",
-                v_every=1,
-                communicator=cluster.communicator(rank),
+                setting=make_setting(topology="complete", second_moment="group_gradient", v_every=1),
+                comm=Comm(communicator=cluster.communicator(rank)),
             )
             for rank, m in enumerate(models)
         ]
@@ -1254,7 +1293,7 @@ def test_a_state_saved_with_second_moment_keys_in_its_groups_loads_without_them(
     drops them: the groups keep torch's and the user's keys only, and the steps are the same."""
     communicator = SimulatedCluster(2).communicator(0)
     model = make_model(0)
-    optimizer = DecentralizedAdam(param_groups(model), lr=LR, communicator=communicator)
+    optimizer = DecentralizedAdam(param_groups(model), lr=LR, comm=Comm(communicator=communicator))
     state = optimizer.state_dict()
     for group in state["param_groups"]:
         group.update(noise_ranks=2, v_every=1, floor_ranks=4)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from decentadam import DecentralizedAdam
+from decentadam import Comm, DecentralizedAdam, Setting
 from decentadam.topology import Group
 
 
@@ -69,7 +69,9 @@ def forward_backward(model: nn.Module, log: list[str], label: str) -> None:
 def test_exchange_of_step_t_travels_during_next_forward_backward() -> None:
     model, comm = make_model(), ControlledCommunicator()
     optimizer = DecentralizedAdam(
-        model.parameters(), topology="complete", bucket_size_mb=1e-3, communicator=comm
+        model.parameters(),
+        setting=Setting(topology="complete"),
+        comm=Comm(bucket_size_mb=1e-3, communicator=comm),
     )
 
     optimizer.zero_grad()
@@ -94,7 +96,9 @@ def test_exchange_of_step_t_travels_during_next_forward_backward() -> None:
 def test_backward_mode_starts_exchanges_during_backward() -> None:
     model, comm = make_model(), ControlledCommunicator()
     optimizer = DecentralizedAdam(
-        model.parameters(), topology="complete", bucket_size_mb=1e-3, communicator=comm, overlap="backward"
+        model.parameters(),
+        setting=Setting(topology="complete"),
+        comm=Comm(bucket_size_mb=1e-3, communicator=comm, overlap="backward"),
     )
     for step in range(2):  # the first iteration calibrates; the second runs from the hooks
         comm.deliver_all()  # the previous step's exchanges arrive during this forward

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from benchmarks.parity.mean_gradients import MeanGradientAdam
-from decentadam import DecentralizedAdam
+from decentadam import DecentralizedAdam, Setting
 from tests.distributed_harness import run_distributed
 
 STEPS, LR, BETAS, EPS, WD = 25, 1e-2, (0.9, 0.98), 1e-9, 0.01
@@ -47,8 +47,7 @@ def worker(rank: int, world_size: int) -> dict[str, Any]:
         eps=EPS,
         weight_decay=WD,
         accum_steps=1,
-        second_moment="local",
-        topology="complete",
+        setting=Setting(second_moment="local", topology="complete"),
     )
     try:
         for name, net, optimizer in (("allreduce", ddp, adamw), ("oracle", model, decentralized)):
@@ -78,15 +77,14 @@ def test_decentralized_adam_on_the_mean_gradient_is_allreduce_adamw() -> None:
 
 def own_gradients(rank: int, world_size: int) -> list[float]:
     model = make_model()
-    optimizer = DecentralizedAdam(  # the oracle's optimizer, on each rank's own gradient
+    optimizer = DecentralizedAdam(
         model.parameters(),
         lr=LR,
         betas=BETAS,
         eps=EPS,
         weight_decay=WD,
         accum_steps=1,
-        second_moment="local",
-        topology="complete",
+        setting=Setting(second_moment="local", topology="complete"),
     )
     losses = []
     for step in range(STEPS):

@@ -3,6 +3,7 @@ builder's parameter groups, the training clock, the launch command. No process g
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import sys
@@ -15,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from decentadam import DecentralizedAdam, checkpoint_files
+from decentadam import SETTINGS, DecentralizedAdam, GroupGradient, Setting, checkpoint_files
 from decentadam.collectives import SingleProcessCommunicator
 from recipes.common import cli, launch, loop, optim, run
 from recipes.common.config import ConfigError, Presets, check_choice, check_positive
@@ -297,12 +298,12 @@ def test_one_parameter_group_rule_decays_matrices_and_kernels_only() -> None:
     ]  # fmt: skip
 
 
-def settings(**changes: Any) -> dict[str, Any]:
+def settings(**changes: Any) -> optim.OptimConfig:
     base: dict[str, Any] = {
         "lr": 1e-3, "weight_decay": 0.1, "betas_allreduce": (0.9, 0.98), "betas_decentralized": (0.8, 0.999),
-        "eps": 1e-8, "accum_steps": 1, "topology": "complete",
+        "eps": 1e-8, "topology": "complete",
     }  # fmt: skip
-    return {**base, **changes}
+    return optim.OptimConfig(**{**base, **changes})
 
 
 class FourRanks(SingleProcessCommunicator):
@@ -312,63 +313,89 @@ class FourRanks(SingleProcessCommunicator):
 
 
 def test_the_builder_makes_each_optimizer_with_its_betas_and_the_groups() -> None:
-    adamw = optim.build_optimizer(Block(), "allreduce", **settings())
+    adamw = optim.build_optimizer(Block(), settings(optimizer="allreduce"))
     assert type(adamw) is torch.optim.AdamW and adamw.param_groups[0]["betas"] == (0.9, 0.98)
     assert [g["weight_decay"] for g in adamw.param_groups] == [0.1, 0.0]
-    sgd = optim.build_optimizer(Block(), "allreduce", algorithm="sgd", momentum=0.8, **settings())
+    sgd = optim.build_optimizer(Block(), settings(optimizer="allreduce", algorithm="sgd", momentum=0.8))
     assert type(sgd) is torch.optim.SGD and sgd.param_groups[0]["momentum"] == 0.8
-    ours = optim.build_optimizer(Block(), "decentralized", **settings(local_world_size=4))
+    ours = optim.build_optimizer(Block(), settings(local_world_size=4))
     assert isinstance(ours, DecentralizedAdam) and ours.param_groups[0]["betas"] == (0.8, 0.999)
     assert [g["weight_decay"] for g in ours.param_groups] == [0.1, 0.0] and ours.world_size == 1
-    assert ours.second_moment == "all_ranks"
+    assert ours.setting == Setting(topology="complete")
     ours.close()
-    paper = optim.build_optimizer(Block(), "decentralized", **settings(accum_steps=4, second_moment="local"))
+    paper = optim.build_optimizer(Block(), settings(accum_steps=4, second_moment="local"))
     assert isinstance(paper, DecentralizedAdam) and paper.param_groups[0]["accum_steps"] == 4
     paper.close()
+    chosen = optim.build_optimizer(Block(), settings(setting="accumadam", topology=None, lr=2.0), lr=3.0)
+    assert isinstance(chosen, DecentralizedAdam) and chosen.setting == SETTINGS["accumadam"]
+    assert chosen.param_groups[0]["lr"] == 3.0  # the recipe's scaled rate
+    chosen.close()
 
     given = FourRanks()
-    offline = optim.build_optimizer(Block(), "decentralized", **settings(), communicator=given)
+    offline = optim.build_optimizer(Block(), settings(), communicator=given)
     assert isinstance(offline, DecentralizedAdam) and offline.communicator is given
     assert offline.world_size == 4
     offline.close()
-    with pytest.raises(ConfigError, match=r"optim\.accum_steps = 4 with optim\.second_moment = 'all_ranks'"):
-        optim.build_optimizer(Block(), "decentralized", **settings(accum_steps=4))
-    with pytest.raises(ConfigError, match=r"optim\.second_moment = 'global'"):
-        optim.build_optimizer(Block(), "decentralized", **settings(second_moment="global"))
+    with pytest.raises(ConfigError, match=r"accum_steps=4 is the accumulation window .* setting='accumadam'"):
+        optim.build_optimizer(Block(), settings(accum_steps=4, second_moment="all_ranks"))
+    with pytest.raises(ConfigError, match=r"second_moment='global' averages"):
+        optim.build_optimizer(Block(), settings(second_moment="global", topology="ring"), communicator=given)
     with pytest.raises(ConfigError, match="decentralized training runs DecentralizedAdam"):
-        optim.build_optimizer(Block(), "decentralized", algorithm="sgd", **settings())
+        optim.build_optimizer(Block(), settings(algorithm="sgd"))
     with pytest.raises(ConfigError, match=r"optim\.optimizer = 'ddp'"):
-        optim.build_optimizer(Block(), "ddp", **settings())
+        optim.build_optimizer(Block(), settings(optimizer="ddp"))
     assert optim.is_decentralized("a2cid2") and not optim.is_decentralized("allreduce")
     # A2CiD2 needs a process group: tests/test_imagenet_e2e.py builds it through this builder
 
 
+def test_a_subclass_passed_in_is_what_the_builder_builds() -> None:
+    class Probe(DecentralizedAdam):
+        pass
+
+    built = optim.build_optimizer(Block(), settings(), optimizer_class=Probe)
+    assert type(built) is Probe
+    built.close()
+
+
 @pytest.mark.parametrize("recipe", ["translation", "imagenet"])
-def test_the_recipes_take_the_group_gradient_second_moment(recipe: str) -> None:
+def test_the_recipes_share_one_optim_section(recipe: str) -> None:
     import importlib
 
-    presets = importlib.import_module(f"recipes.{recipe}.config").PRESETS
-    o = presets.load(None, ["optim.second_moment=group_gradient", "optim.v_every=3"]).optim
+    config = importlib.import_module(f"recipes.{recipe}.config")
+    assert issubclass(config.OptimConfig, optim.OptimConfig)
+    o = config.PRESETS.load(None, ["optim.second_moment=group_gradient", "optim.v_every=3"]).optim
     assert (o.second_moment, o.v_every) == ("group_gradient", 3)
-    ours = optim.build_optimizer(
-        Block(), "decentralized", **settings(second_moment=o.second_moment, v_every=3)
-    )
-    assert isinstance(ours, DecentralizedAdam) and ours.second_moment == "group_gradient"
+    ours = optim.build_optimizer(Block(), o)
+    assert isinstance(ours, DecentralizedAdam) and ours.setting.second_moment == GroupGradient(v_every=3)
     assert ours.moment_source.estimate_every == 3
     ours.close()
-    default = optim.build_optimizer(Block(), "decentralized", **settings(v_every=3))  # v_every unused
-    assert isinstance(default, DecentralizedAdam) and default.moment_source.estimate_every is None
+    unset = config.PRESETS.load(None, []).optim
+    assert {name: getattr(unset, name) for name in optim.SETTING_OPTIONS} == dict.fromkeys(
+        optim.SETTING_OPTIONS
+    )
+    default = optim.build_optimizer(Block(), unset)  # unset options: the library's default setting
+    assert isinstance(default, DecentralizedAdam) and default.setting == SETTINGS["default"]
+    assert default.moment_source.estimate_every is None
     default.close()
-    with pytest.raises(ConfigError, match=r"optim\.v_every = 0: expected a positive integer"):
-        optim.build_optimizer(Block(), "decentralized", **settings(second_moment="group_gradient", v_every=0))
-    with pytest.raises(ConfigError, match=r"A2CiD2 does not have: use optim\.second_moment=all_ranks"):
-        optim.build_optimizer(Block(), "a2cid2", **settings(second_moment="group_gradient"))
-    with pytest.raises(
-        ConfigError, match=r"optim\.accum_steps = 2 with optim\.second_moment = 'group_gradient'"
-    ):
-        optim.build_optimizer(
-            Block(), "decentralized", **settings(second_moment="group_gradient", accum_steps=2)
-        )
+    # the effective configuration names every option, and reads back as the same setting
+    written = optim.resolved(unset)
+    assert written.topology == SETTINGS["default"].topology and written.second_moment == "all_ranks"
+    assert optim.decentralized_setting(written) == SETTINGS["default"]
+    with pytest.raises(ConfigError, match=r"v_every must be an integer >= 1 .* got 0"):
+        optim.build_optimizer(Block(), settings(second_moment="group_gradient", v_every=0))
+    with pytest.raises(ConfigError, match=r"A2CiD2's local AccumAdamW takes second_moment all_ranks"):
+        optim.build_optimizer(Block(), settings(optimizer="a2cid2", second_moment="group_gradient"))
+
+
+def test_the_effective_config_is_written_without_unset_options_and_reads_back(tmp_path: Path) -> None:
+    from recipes.translation import config
+
+    cfg = config.PRESETS.load(None, ["optim.setting=nodes-complete-bf16"])
+    cfg.optim = optim.resolved(cfg.optim)
+    (tmp_path / "run.toml").write_text(config.dump(cfg))
+    again = config.PRESETS.load(str(tmp_path / "run.toml"), [])
+    assert again.optim == cfg.optim and again.optim.v_every is None  # unset: not written, not read
+    assert optim.decentralized_setting(again.optim) == SETTINGS["nodes-complete-bf16"]
 
 
 # The loop -----------------------------------------------------------------------------------------
@@ -445,26 +472,26 @@ def test_the_recipes_share_the_nodes_second_moment_only_where_it_applies(recipe:
     ]  # fmt: skip
     o = importlib.import_module(f"recipes.{recipe}.config").PRESETS.load(None, chosen).optim
     assert o.share_second_moment_every == 2
-
     shared = optim.build_optimizer(
-        Block(), "decentralized", **settings(intra_node="all_reduce", second_moment="group_gradient",
-        share_second_moment_every=o.share_second_moment_every, local_world_size=2, world_size=4),
-        communicator=FourRanks(),
-    )  # fmt: skip
-    assert isinstance(shared, DecentralizedAdam) and shared.share_second_moment_every == 2
+        Block(), dataclasses.replace(o, local_world_size=2), world_size=4, communicator=FourRanks()
+    )
+    assert isinstance(shared, DecentralizedAdam) and shared.setting.share_every == 2
     assert shared.moment_source.floor_ranks == 4  # V / N**2 with N = 2 nodes
     shared.close()
     for changes, named in [
-        ({"second_moment": "all_ranks"}, "optim.second_moment = 'all_ranks'"),
-        ({"intra_node": "gossip"}, "optim.intra_node = 'gossip'"),
+        ({"second_moment": "all_ranks"}, "second_moment='all_ranks'"),
+        ({"intra_node": "gossip"}, "intra_node='gossip'"),
     ]:
         given = {"intra_node": "all_reduce", "second_moment": "group_gradient", **changes}
-        with pytest.raises(ConfigError, match=rf"share_second_moment_every = 2 shares .*{named}"):
-            optim.build_optimizer(Block(), "decentralized", **settings(share_second_moment_every=2, **given))
-    with pytest.raises(ConfigError, match=r"--optimizer allreduce"):
-        optim.build_optimizer(Block(), "allreduce", **settings(share_second_moment_every=2))
-    with pytest.raises(ConfigError, match=r"share_second_moment_every = -1: expected an integer >= 0"):
-        optim.build_optimizer(Block(), "decentralized", **settings(share_second_moment_every=-1))
+        with pytest.raises(ConfigError, match=rf"share_second_moment_every=2 shares .*{named}"):
+            optim.build_optimizer(Block(), settings(share_second_moment_every=2, **given))
+    with pytest.raises(ConfigError, match=r"--optimizer allreduce does not take it"):
+        optim.build_optimizer(Block(), settings(optimizer="allreduce", share_second_moment_every=2))
+    with pytest.raises(ConfigError, match=r"share_second_moment_every must be an integer >= 0 .* got -1"):
+        optim.build_optimizer(
+            Block(),
+            settings(second_moment="group_gradient", intra_node="all_reduce", share_second_moment_every=-1),
+        )
 
 
 @pytest.mark.parametrize("recipe", ["translation", "imagenet"])
@@ -473,32 +500,26 @@ def test_the_recipes_pass_a_synchronous_warm_up_to_decentralized_adam_only(recip
 
     o = importlib.import_module(f"recipes.{recipe}.config").PRESETS.load(None, ["optim.sync_steps=300"]).optim
     assert o.sync_steps == 300
-    synced = optim.build_optimizer(
-        Block(), "decentralized", **settings(sync_steps=o.sync_steps, world_size=4), communicator=FourRanks()
-    )
-    assert isinstance(synced, DecentralizedAdam) and synced.sync_steps == 300
+    synced = optim.build_optimizer(Block(), o, world_size=4, communicator=FourRanks())
+    assert isinstance(synced, DecentralizedAdam) and synced.setting.sync_steps == 300
     synced.close()
     with pytest.raises(
         ConfigError, match=r"optim.sync_steps = 300 .* --optimizer allreduce does not take it"
     ):
-        optim.build_optimizer(Block(), "allreduce", **settings(sync_steps=300))
-    with pytest.raises(ConfigError, match=r"optim.sync_steps = -1: expected an integer >= 0"):
-        optim.build_optimizer(Block(), "decentralized", **settings(sync_steps=-1))
+        optim.build_optimizer(Block(), settings(optimizer="allreduce", sync_steps=300))
+    with pytest.raises(ConfigError, match=r"sync_steps must be an integer >= 0 .* got -1"):
+        optim.build_optimizer(Block(), settings(sync_steps=-1))
 
 
 def test_build_optimizer_passes_the_exchange_to_decentralized_adam_only() -> None:
-    from recipes.common.optim import build_optimizer
-
     model = torch.nn.Linear(3, 2)
-    common: dict[str, Any] = {
-        "lr": 1e-3, "weight_decay": 0.0, "betas_allreduce": (0.9, 0.98), "betas_decentralized": (0.9, 0.98),
-        "eps": 1e-8,
-    }  # fmt: skip
-    optimizer = build_optimizer(
-        model, "decentralized", exchange="bf16_updates", topology="complete", **common
+    optimizer = optim.build_optimizer(model, settings(exchange="bf16_updates", topology="complete"))
+    assert isinstance(optimizer, DecentralizedAdam) and optimizer.setting.exchange == "bf16_updates"
+    with pytest.raises(ConfigError, match=r"optim\.exchange = 'bf16_updates' changes what DecentralizedAdam"):
+        optim.build_optimizer(model, settings(optimizer="allreduce", exchange="bf16_updates"))
+    with pytest.raises(ConfigError, match=r"exchange must be 'parameters' or 'bf16_updates', got 'fp8'"):
+        optim.build_optimizer(model, settings(exchange="fp8"))
+    # a preset serves both optimizers: All-Reduce ignores the options that send nothing different
+    assert type(optim.build_optimizer(model, settings(optimizer="allreduce", second_moment="local"))) is (
+        torch.optim.AdamW
     )
-    assert optimizer.exchange == "bf16_updates"  # type: ignore[attr-defined]
-    with pytest.raises(ConfigError, match=r"optim\.exchange = 'bf16_updates' is how DecentralizedAdam sends"):
-        build_optimizer(model, "allreduce", exchange="bf16_updates", **common)
-    with pytest.raises(ConfigError, match=r"optim\.exchange"):
-        build_optimizer(model, "decentralized", exchange="fp8", **common)

@@ -390,7 +390,7 @@ def test_cli_prints_table_and_recommendation(capsys: pytest.CaptureFixture[str])
     for method in METHODS:
         assert f"| {method} |" in out
     assert "speed-up vs all-reduce" in out
-    assert "Use DecentralizedAdam(topology='aer')" in out
+    assert "Use DecentralizedAdam(params, setting=Setting(topology='aer'))" in out
 
 
 def test_cli_exchange_names_the_option_and_drops_changing_groups(capsys: pytest.CaptureFixture[str]) -> None:
@@ -412,7 +412,7 @@ def test_cli_shared_second_moment_adds_its_bytes_when_given(capsys: pytest.Captu
         assert main([*argv, *share]) == 0
         out = capsys.readouterr().out
         rows[" ".join(share)] = next(line for line in out.splitlines() if line.startswith("| complete |"))
-    assert rows[""] == rows["--share-second-moment-every 0"]  # DecentralizedAdam's default: not shared
+    assert rows[""] == rows["--share-second-moment-every 0"]  # the default: not shared
     assert rows[""] != rows["--share-second-moment-every 2"]
 
 
@@ -472,16 +472,18 @@ def test_cli_says_all_reduce_when_compute_dominates(capsys: pytest.CaptureFixtur
         ("--params 1M --compute-ms 1 --nodes 2 --inter-gbps 1 --intra-node node", "invalid choice: 'node'"),
         (
             "--params 1M --compute-ms 1 --nodes 2 --inter-gbps 1 --intra-node all_reduce --v-every 2",
-            "--v-every: with --intra-node all_reduce the node's all-reduce gives",
+            "v_every=2: with intra_node='all_reduce' the node's gradients give",
         ),
         (
             "--params 1M --compute-ms 1 --nodes 2 --inter-gbps 1 --second-moment local --v-every 2",
-            "--v-every: only with --second-moment group_gradient, not local",
+            "v_every=2 says how often second_moment='group_gradient' sends the gradient, but "
+            "second_moment='local'",
         ),
         (
             "--params 1M --compute-ms 1 --nodes 2 --inter-gbps 1 --intra-node all_reduce "
             "--share-second-moment-every 2",
-            "--share-second-moment-every 2: it shares the nodes' estimate of --intra-node all_reduce",
+            "share_second_moment_every=2 shares the nodes' second_moment='group_gradient' estimate, but "
+            "second_moment='all_ranks'",
         ),
     ],
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decentadam import DecentralizedAdam
+from decentadam import Comm, DecentralizedAdam, Setting, make_setting
 from decentadam.simulation import SimulatedCluster
 from tests.test_decentralized import (
     BETAS,
@@ -43,13 +43,15 @@ def run_simulated(
             betas=BETAS,
             eps=EPS,
             accum_steps=accum_steps,
-            **second_moment_args(second_moment),
-            topology=name,
-            average_every=average_every,
-            local_world_size=local_world_size,
-            bucket_size_mb=1e-4,
-            overlap=overlap.split(":")[-1],  # type: ignore[arg-type]
-            communicator=cluster.communicator(rank),
+            setting=make_setting(
+                **second_moment_args(second_moment), topology=name, average_every=average_every
+            ),
+            comm=Comm(
+                local_world_size=local_world_size,
+                bucket_size_mb=1e-4,
+                overlap=overlap.split(":")[-1],  # type: ignore[arg-type]
+                communicator=cluster.communicator(rank),
+            ),
         )
         for rank, model in enumerate(models)
     ]
@@ -104,7 +106,11 @@ def test_waiting_for_an_exchange_a_member_has_not_started_names_the_ranks() -> N
     cluster = SimulatedCluster(2)
     models = [make_model(seed=1) for _ in range(2)]
     optimizers = [
-        DecentralizedAdam(m.parameters(), topology="complete", communicator=cluster.communicator(r))
+        DecentralizedAdam(
+            m.parameters(),
+            setting=Setting(topology="complete"),
+            comm=Comm(communicator=cluster.communicator(r)),
+        )
         for r, m in enumerate(models)
     ]
     for rank, model in enumerate(models):
@@ -119,7 +125,9 @@ def test_world_collectives_point_to_the_cluster_helpers() -> None:
     cluster = SimulatedCluster(2)
     models = [make_model(seed=1) for _ in range(2)]
     optimizer = DecentralizedAdam(
-        models[0].parameters(), topology="complete", communicator=cluster.communicator(0)
+        models[0].parameters(),
+        setting=Setting(topology="complete"),
+        comm=Comm(communicator=cluster.communicator(0)),
     )
     with pytest.raises(RuntimeError, match=r"SimulatedCluster\.average"):
         optimizer.consensus_distance()
@@ -129,7 +137,9 @@ def test_a_rank_built_before_rank_0_cannot_receive_its_weights() -> None:
     cluster = SimulatedCluster(2)
     with pytest.raises(RuntimeError, match=r"build \(or step\) rank 0 first"):
         DecentralizedAdam(
-            make_model(seed=1).parameters(), topology="ring", communicator=cluster.communicator(1)
+            make_model(seed=1).parameters(),
+            setting=Setting(topology="ring"),
+            comm=Comm(communicator=cluster.communicator(1)),
         )
 
 
@@ -138,7 +148,9 @@ def test_node_averaged_gradients_need_every_rank_to_start_its_sums_first() -> No
     models = [make_model(seed=1) for _ in range(2)]
     optimizers = [
         DecentralizedAdam(
-            m.parameters(), intra_node="all_reduce", local_world_size=2, communicator=cluster.communicator(r)
+            m.parameters(),
+            setting=Setting(intra_node="all_reduce"),
+            comm=Comm(local_world_size=2, communicator=cluster.communicator(r)),
         )
         for r, m in enumerate(models)
     ]

@@ -221,7 +221,9 @@ def test_the_group_gradient_second_moment_reaches_the_optimizer(tmp_path: Path) 
     from decentadam import DecentralizedAdam
 
     optimizer = _trainer(tmp_path, second_moment="group_gradient", v_every=3).create_optimizer()
-    assert isinstance(optimizer, DecentralizedAdam) and optimizer.second_moment == "group_gradient"
+    assert (
+        isinstance(optimizer, DecentralizedAdam) and optimizer.setting.second_moment.name == "group_gradient"
+    )
     assert optimizer.moment_source.estimate_every == 3
     optimizer.close()
 
@@ -241,30 +243,27 @@ def _trainer(tmp_path: Path, **decentralized: Any) -> Any:
     )
 
 
-def test_intra_node_all_reduce_reaches_the_optimizer(tmp_path: Path) -> None:
-    from decentadam import DecentralizedAdam
+def test_the_arguments_reach_the_optimizer(tmp_path: Path) -> None:
+    from decentadam import SETTINGS, DecentralizedAdam, GroupGradient, Setting
 
     optimizer = _trainer(tmp_path, intra_node="all_reduce", second_moment="group_gradient").create_optimizer()
-    assert isinstance(optimizer, DecentralizedAdam) and optimizer.intra_node == "all_reduce"
-    assert optimizer.second_moment == "group_gradient"
+    assert isinstance(optimizer, DecentralizedAdam)
+    assert optimizer.setting == Setting(intra_node="all_reduce", second_moment=GroupGradient())
     assert optimizer.moment_source.estimate_every == 1  # the node's gradients, every step
-    assert optimizer.share_second_moment_every == 0  # DecentralizedAdam's default: not shared
+    assert optimizer.setting.share_every == 0  # not shared by default
     optimizer.close()
     default = _trainer(tmp_path).create_optimizer()
-    assert isinstance(default, DecentralizedAdam) and default.intra_node == "gossip"
-    assert default.exchange == "parameters"
+    assert isinstance(default, DecentralizedAdam) and default.setting == SETTINGS["default"]
     default.close()
     updates = _trainer(tmp_path, exchange="bf16_updates", topology="complete").create_optimizer()
-    assert isinstance(updates, DecentralizedAdam) and updates.exchange == "bf16_updates"
+    assert isinstance(updates, DecentralizedAdam) and updates.setting.exchange == "bf16_updates"
     updates.close()
-    shared = _trainer(
-        tmp_path, intra_node="all_reduce", second_moment="group_gradient", share_second_moment_every=2
-    ).create_optimizer()
-    assert isinstance(shared, DecentralizedAdam) and shared.share_second_moment_every == 2
-    shared.close()
-    synced = _trainer(tmp_path, sync_steps=300).create_optimizer()
-    assert isinstance(synced, DecentralizedAdam) and synced.sync_steps == 300
-    assert default.sync_steps == 0  # every step overlaps
+    chosen = _trainer(tmp_path, setting="nodes-complete-bf16", local_world_size=1).create_optimizer()
+    assert isinstance(chosen, DecentralizedAdam) and chosen.setting == SETTINGS["nodes-complete-bf16"]
+    chosen.close()
+    synced = _trainer(tmp_path, sync_steps=300, bucket_size_mb=1.0).create_optimizer()
+    assert isinstance(synced, DecentralizedAdam) and synced.setting.sync_steps == 300
+    assert synced.comm.bucket_size_mb == 1.0
     synced.close()
 
 
@@ -281,11 +280,11 @@ def test_intra_node_all_reduce_reaches_the_optimizer(tmp_path: Path) -> None:
             {"share_second_moment_every": 2},
             r"share_second_moment_every=2 shares .* pass intra_node='all_reduce', second_moment=",
         ),
+        ({"overlap": "sometimes"}, r"overlap must be 'step' or 'backward', got 'sometimes'"),
     ],
 )
-def test_bad_intra_node_settings_are_refused_by_the_optimizer(
-    tmp_path: Path, decentralized: dict[str, Any], message: str
-) -> None:
-    trainer = _trainer(tmp_path, **decentralized)
-    with pytest.raises(ValueError, match=message):
-        trainer.create_optimizer()
+def test_bad_settings_are_refused_with_the_arguments(decentralized: dict[str, Any], message: str) -> None:
+    from decentadam.integrations.trainer import DecentralizedArguments
+
+    with pytest.raises(ValueError, match=message):  # before a Trainer (or a process group) is built
+        DecentralizedArguments(**decentralized)

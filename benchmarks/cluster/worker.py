@@ -48,7 +48,7 @@ from torch import Tensor, nn
 
 from decentadam import DecentralizedAdam
 from decentadam.collectives import Handle
-from decentadam.decentralized import LocalUpdate
+from decentadam.options import Comm, Local, LocalUpdate, Setting
 from decentadam.topology import Group
 
 LR = 1e-4
@@ -235,14 +235,15 @@ def run_ours(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> None
     optimizer = DecentralizedAdam(
         model.parameters(),
         lr=LR,
-        accum_steps=spec.accum_steps,
-        second_moment="local",  # AccumAdam's window, as decent-dp's AccumAdamW(accum_iter=...)
-        topology=spec.topology,
-        local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
-        bucket_size_mb=spec.bucket_mb,
-        overlap="backward" if spec.overlap == "backward" else "step",
-        hierarchical=spec.hierarchical,
-        local_update=decentadam_update(spec),
+        # AccumAdam's window, as decent-dp's AccumAdamW(accum_iter=...)
+        setting=Setting(topology=spec.topology, second_moment=Local(spec.accum_steps)),
+        comm=Comm(
+            local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
+            bucket_size_mb=spec.bucket_mb,
+            overlap="backward" if spec.overlap == "backward" else "step",
+            hierarchical=spec.hierarchical,
+            local_update=decentadam_update(spec),
+        ),
     )
 
     def iteration() -> tuple[float, float]:
@@ -275,10 +276,12 @@ def run_exchange(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> 
     rank = dist.get_rank()
     optimizer = DecentralizedAdam(
         model.parameters(),
-        topology=spec.topology,
-        local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
-        bucket_size_mb=spec.bucket_mb,
-        hierarchical=spec.hierarchical,
+        setting=Setting(topology=spec.topology),
+        comm=Comm(
+            local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
+            bucket_size_mb=spec.bucket_mb,
+            hierarchical=spec.hierarchical,
+        ),
     )
     topology, communicator = optimizer.topology, optimizer.communicator
     buffers = [bucket.buffer.zero_() for bucket in optimizer.buckets]
@@ -414,12 +417,13 @@ def run_calibrate(spec: WorkerSpec, model: EmulatedModel, result: RankResult) ->
     ours = DecentralizedAdam(
         model.parameters(),
         lr=LR,
-        accum_steps=spec.accum_steps,
-        second_moment="local",
-        topology="ring",  # every step: a pair, so every step mixes and copies its send buffer
-        bucket_size_mb=spec.bucket_mb,
-        communicator=_NoCommunication(rank, world),
-        local_update=decentadam_update(spec),
+        # ring: every step a pair, so every step mixes and copies its send buffer
+        setting=Setting(topology="ring", second_moment=Local(spec.accum_steps)),
+        comm=Comm(
+            bucket_size_mb=spec.bucket_mb,
+            communicator=_NoCommunication(rank, world),
+            local_update=decentadam_update(spec),
+        ),
     )
     result.calibration["ours_update_s"] = timed(ours.step)
     del ours

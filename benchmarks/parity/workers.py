@@ -36,9 +36,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from decentadam import DecentralizedAdam
+from decentadam import Comm, DecentralizedAdam, make_setting
 from decentadam.simulation import SimulatedCluster
-from recipes.common.optim import build_optimizer, param_groups
+from recipes.common.optim import (
+    SETTING_OPTIONS,
+    OptimConfig,
+    build_optimizer,
+    decentralized_setting,
+    param_groups,
+)
 from recipes.translation import config, data
 from recipes.translation.model import build_model, loss_and_tokens
 
@@ -212,6 +218,14 @@ def node_size(local_world_size: int, workers: int, node_sums: bool) -> int:
     return 1
 
 
+def setting_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The options of a Setting among ``options`` (``local_world_size`` is the layout's, not its)."""
+    unknown = set(options) - {*SETTING_OPTIONS, "local_world_size"}
+    if unknown:
+        raise ValueError(f"not options of DecentralizedAdam's setting: {', '.join(sorted(unknown))}")
+    return {name: value for name, value in options.items() if name in SETTING_OPTIONS}
+
+
 def load_class(path: str) -> type[DecentralizedAdam]:
     """``module.Class`` (a probe's subclass of DecentralizedAdam), imported."""
     module_name, _, name = path.rpartition(".")
@@ -234,61 +248,54 @@ def train(
     """Train ``args.workers`` simulated ranks; returns the curve, the training losses and, for the
     decentralized optimizer, the ranks' exchange counters (``stats``).
 
-    ``options`` replace the DecentralizedAdam arguments of the algorithm read from ``cfg.optim``
-    (its second moment, graph, exchange...; ``{}``: the optimizer's defaults); ``communicator(rank,
-    simulated)`` may wrap each rank's simulated communicator (to count what it sends); ``on_step(t)``
-    is called before the ranks' step ``t`` (1-based)."""
+    ``options`` replace the setting read from ``cfg.optim`` (flat, as ``[optim]`` names them:
+    ``topology``, ``second_moment``, ``exchange``..., and ``local_world_size``; ``{}``: the default
+    setting); ``communicator(rank, simulated)`` may wrap each rank's simulated communicator (to count
+    what it sends); ``on_step(t)`` is called before the ranks' step ``t`` (1-based)."""
     world = Workers(cfg, args.workers, args.device)
     optimizer_class = load_class(args.optimizer_class)
     o = cfg.optim
-    if o.sync_steps:
-        raise SystemExit(
-            f"optim.sync_steps = {o.sync_steps}: its steps wait for their exchange before the next rank "
-            "steps, which simulated ranks (one process, ranks in turn) cannot do; run the recipe on "
-            "processes for it, or leave optim.sync_steps out"
-        )
     decentralized = o.optimizer == "decentralized"
     models = world.models if decentralized else world.models[:1]
     cluster = SimulatedCluster(args.workers)
     optimizers: list[Any] = []
-    # the ranks of a node average their gradients first
-    node_sums = (options or {}).get("intra_node", o.intra_node) == "all_reduce"
-    nodes_of = node_size(o.local_world_size, args.workers, node_sums)
+    if decentralized:  # options: flat as the recipe's [optim] holds them, with local_world_size
+        given = options or {}
+        setting = decentralized_setting(o) if options is None else make_setting(**setting_options(given))
+        # the ranks of a node average their gradients first
+        nodes_of = node_size(o.local_world_size, args.workers, setting.intra_node == "all_reduce")
+        local_world_size = given.get("local_world_size", nodes_of)
+        if setting.sync_steps:
+            raise SystemExit(
+                f"sync_steps = {setting.sync_steps}: its steps wait for their exchange before the next rank "
+                "steps, which simulated ranks (one process, ranks in turn) cannot do; run the recipe on "
+                "processes for it, or set optim.sync_steps=0"
+            )
     for rank, model in enumerate(models):
         model.train()
         if decentralized:
             simulated = cluster.communicator(rank)
-            algorithm: dict[str, Any] = {
-                "accum_steps": o.accum_steps,
-                "second_moment": o.second_moment,
-                "v_every": o.v_every if o.second_moment == "group_gradient" and not node_sums else None,
-                "intra_node": o.intra_node,
-                "topology": o.topology,
-                "exchange": o.exchange,
-                "share_second_moment_every": o.share_second_moment_every,
-            }
-            kwargs: dict[str, Any] = {
-                "lr": o.lr,
-                "betas": o.betas_decentralized,
-                "eps": o.eps,
-                "weight_decay": o.weight_decay,
-                "local_world_size": nodes_of,
-                **(algorithm if options is None else options),
-                "communicator": communicator(rank, simulated) if communicator else simulated,
-            }
-            optimizers.append(optimizer_class(param_groups(model, o.weight_decay), **kwargs))
-        else:
+            comm = Comm(
+                local_world_size=local_world_size,
+                communicator=communicator(rank, simulated) if communicator else simulated,
+            )
             optimizers.append(
-                build_optimizer(
-                    model,
-                    "allreduce",
+                optimizer_class(
+                    param_groups(model, o.weight_decay),
                     lr=o.lr,
-                    weight_decay=o.weight_decay,
+                    betas=o.betas_decentralized,
                     eps=o.eps,
-                    betas_allreduce=o.betas_allreduce,
-                    betas_decentralized=o.betas_decentralized,
+                    weight_decay=o.weight_decay,
+                    setting=setting,
+                    comm=comm,
                 )
             )
+        else:  # AdamW, as the recipe builds it
+            baseline = OptimConfig(
+                optimizer="allreduce", lr=o.lr, weight_decay=o.weight_decay, eps=o.eps,
+                betas_allreduce=o.betas_allreduce,
+            )  # fmt: skip
+            optimizers.append(build_optimizer(model, baseline))
     schedulers = [torch.optim.lr_scheduler.LambdaLR(opt, schedule(o.warmup_steps)) for opt in optimizers]
     diagnosis = Diagnosis(models[0], args.workers, o.betas_allreduce, o.eps) if args.diagnose else None
     evaluator = world.new_model()

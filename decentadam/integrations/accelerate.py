@@ -4,7 +4,7 @@
 
     accelerator = Accelerator(gradient_accumulation_steps=2)           # cpu=True on CPU-only machines
     model = build_model().to(accelerator.device)
-    optimizer = DecentralizedAdam(model.parameters(), lr=7e-4, topology="aer")
+    optimizer = DecentralizedAdam(model.parameters(), lr=7e-4)            # or setting="accumadam", ...
     model, optimizer, loader, scheduler = prepare(accelerator, model, optimizer, loader, scheduler)
     log_metrics_every(accelerator, optimizer, every=100)               # optional
 
@@ -80,11 +80,11 @@ def prepare(accelerator: Accelerator, *objects: Any, device_placement: list[bool
     its own overflowing steps, as nothing runs in lockstep (a synced scaler would add a collective
     per step, the wait asynchrony removes).
 
-    A ``DecentralizedAdam(overlap="backward")`` updates each bucket of weights inside backward, as
-    soon as its gradients are final. It is refused with gradient accumulation and with an fp16 loss
-    scaler (``mixed_precision="fp16"``). ``accelerator.clip_grad_norm_`` cannot be refused, and has
-    no effect in that mode: the weights are already updated when it runs. Use ``overlap="step"``
-    (the default) to clip gradients.
+    A DecentralizedAdam with ``Comm(overlap="backward")`` updates each bucket of weights inside
+    backward, as soon as its gradients are final. It is refused with gradient accumulation and with
+    an fp16 loss scaler (``mixed_precision="fp16"``). ``accelerator.clip_grad_norm_`` cannot be
+    refused, and has no effect in that mode: the weights are already updated when it runs. Use
+    ``overlap="step"`` (the default) to clip gradients.
     """
     if accelerator.distributed_type in _UNSUPPORTED:
         raise ValueError(
@@ -185,13 +185,13 @@ def _check_optimizer(
 def _check_backward_overlap(accelerator: Accelerator, optimizer: DecentralizedAdam) -> None:
     if optimizer.overlap == "backward" and accelerator.gradient_accumulation_steps > 1:
         raise ValueError(
-            "DecentralizedAdam(overlap='backward') updates each bucket during backward, so it cannot "
+            "Comm(overlap='backward') updates each bucket during backward, so it cannot "
             f"accumulate gradients over {accelerator.gradient_accumulation_steps} micro-batches; use "
             "overlap='step' with gradient_accumulation_steps > 1"
         )
     if optimizer.overlap == "backward" and accelerator.scaler is not None and accelerator.scaler.is_enabled():
         raise ValueError(
-            "DecentralizedAdam(overlap='backward') updates the weights during backward with the loss-scaled "
+            "Comm(overlap='backward') updates the weights during backward with the loss-scaled "
             "gradients, before the fp16 loss scaler can unscale them or skip an overflowing step. Use "
             "overlap='step' with mixed_precision='fp16', or train in bf16."
         )

@@ -7,7 +7,7 @@ environment; a recipe config selects one by name (``_set_`` replaces the default
     optimizer:
       name: decentralized_adam
       _set_:
-        config: {lr: 7.0e-4, betas: [0.9, 0.98], topology: aer}
+        config: {lr: 7.0e-4, betas: [0.9, 0.999], setting: accumadam}
 
 and the recipe builds its trainer with :func:`create_trainer` instead of ``context.create_trainer``::
 
@@ -31,7 +31,7 @@ import contextlib
 import logging
 import shutil
 import warnings
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -60,9 +60,9 @@ from torch.optim import Optimizer
 
 from decentadam import checkpoint_files as files
 from decentadam.consensus import averaged
-from decentadam.decentralized import EXCHANGES, INTRA_NODE, SECOND_MOMENTS, DecentralizedAdam
+from decentadam.decentralized import DecentralizedAdam
 from decentadam.optim.accum_adamw import AccumAdamW, make_defaults
-from decentadam.topology import TOPOLOGIES
+from decentadam.options import Comm, Setting, make_setting
 
 __all__ = [
     "ACCUM_ADAMW",
@@ -97,52 +97,60 @@ class AccumAdamWGroupConfig(ParameterGroupConfig):
 
 
 @dataclass(kw_only=True)
-class AccumAdamWConfig:
-    """``optimizer.config`` of ``accum_adamw``: :class:`~decentadam.AccumAdamW` (purely local)."""
-
+class _AdamConfig:
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
-    accum_steps: int = 1
-    """AccumAdam window s: the Adam moments advance once per s steps with the window's mean gradient."""
     foreach: bool | None = None
     """Multi-tensor update path; None: on CPU and CUDA."""
     groups: Sequence[AccumAdamWGroupConfig] = field(default_factory=list)
     """Parameter groups; each parameter joins the first group whose ``params`` regex matches its name."""
 
+
+@dataclass(kw_only=True)
+class AccumAdamWConfig(_AdamConfig):
+    """``optimizer.config`` of ``accum_adamw``: :class:`~decentadam.AccumAdamW` (purely local)."""
+
+    accum_steps: int = 1
+    """AccumAdam window s: the Adam moments advance once per s steps with the window's mean gradient."""
+
     def validate(self) -> ValidationResult:
-        return _validate_hyper_parameters(self)
+        hyper = self.lr, self.betas, self.eps, self.weight_decay
+        return _validated(lambda: make_defaults(*hyper, self.accum_steps, None))
 
 
 @dataclass(kw_only=True)
-class DecentralizedAdamConfig(AccumAdamWConfig):
-    """``optimizer.config`` of ``decentralized_adam``: :class:`~decentadam.DecentralizedAdam`."""
+class DecentralizedAdamConfig(_AdamConfig):
+    """``optimizer.config`` of ``decentralized_adam``: :class:`~decentadam.DecentralizedAdam`.
 
-    second_moment: str = "all_ranks"
-    """"all_ranks": the second moment of the mean gradient over all ranks, estimated on each rank
-    (needs accum_steps 1); "group_gradient": estimated from the exchange group's gradients (needs
-    accum_steps 1); "local": each rank's own (see DecentralizedAdam)."""
-    v_every: int | None = None
-    """With second_moment "group_gradient": steps between two gradient exchanges (None: 2; leave it
-    out with intra_node "all_reduce")."""
-    intra_node: str = "gossip"
-    """"gossip": every rank is a worker of the topology; "all_reduce": the ranks of a node all-reduce
-    their gradients before each step and only nodes gossip (see DecentralizedAdam)."""
-    exchange: str = "parameters"
-    """"parameters": send the parameters; "bf16_updates": send each rank's update from a shared
-    reference point in bfloat16, half the bytes (one fixed group per rank; see DecentralizedAdam)."""
-    share_second_moment_every: int = 0
-    """With intra_node "all_reduce" and second_moment "group_gradient": send the node's second
-    moment with every k-th exchange so the nodes use their mean, floor V / N**2 (see
-    DecentralizedAdam, off by default); 0: each node keeps its own."""
-    sync_steps: int = 0
-    """The first this many steps wait for their exchange and mix at once (a synchronous warm-up; see
-    DecentralizedAdam); 0: every step overlaps."""
-    topology: str = "aer"
+    ``setting`` names one of ``decentadam.SETTINGS`` (docs/choosing.md); the options after it
+    change it (None: the setting's), by the rules of :func:`decentadam.options.make_setting`."""
+
+    setting: str | None = None
+    """A name of ``decentadam.SETTINGS``; None: "default" (or "accumadam" with accum_steps > 1)."""
+    topology: str | None = None
     """Graph schedule: "complete", "ring", "one-peer-exp" or "aer" (alternating exponential ring)."""
+    exchange: str | None = None
+    """"parameters" or "bf16_updates" (each rank's update from a shared reference point in bfloat16)."""
+    average_every: int | None = None
+    """Every that many steps the exchange is the exact average over all ranks (0: never)."""
+    intra_node: str | None = None
+    """"gossip" (every rank a worker of the topology) or "all_reduce" (the ranks of a node all-reduce
+    their gradients before each step and only nodes gossip)."""
+    second_moment: str | None = None
+    """"all_ranks", "local", "group_gradient" or "global" (decentadam.options)."""
+    v_every: int | None = None
+    """With second_moment "group_gradient" under gossip: steps between two gradient exchanges (2)."""
+    share_second_moment_every: int | None = None
+    """With intra_node "all_reduce" and second_moment "group_gradient": share the nodes' estimate
+    with every k-th exchange (0: not shared)."""
+    sync_steps: int | None = None
+    """The first this many steps wait for their exchange and mix at once (a synchronous warm-up)."""
+    accum_steps: int | None = None
+    """AccumAdam window s (second_moment "local"); alone, > 1 selects the setting "accumadam"."""
     local_world_size: int | None = None
-    """Ranks per node for "aer"; None: LOCAL_WORLD_SIZE set by torchrun."""
+    """Ranks per node for "aer" and intra_node; None: LOCAL_WORLD_SIZE set by torchrun."""
     bucket_size_mb: float = 25.0
     """Size of one communication bucket."""
     timeout: float | None = None
@@ -151,62 +159,44 @@ class DecentralizedAdamConfig(AccumAdamWConfig):
     """On gloo, sum groups that span nodes in three phases; False: one flat all-reduce per group."""
 
     def validate(self) -> ValidationResult:
-        result = _validate_hyper_parameters(self)
-        if self.topology not in TOPOLOGIES:
-            result.add_error(f"`topology` must be one of {sorted(TOPOLOGIES)}, but is {self.topology!r}.")
-        if self.second_moment not in SECOND_MOMENTS:
-            result.add_error(
-                f"`second_moment` must be one of {', '.join(map(repr, SECOND_MOMENTS))}, but is "
-                f"{self.second_moment!r}."
-            )
-        elif self.second_moment != "local" and self.accum_steps > 1:
-            result.add_error(
-                f"`second_moment` {self.second_moment!r} needs `accum_steps` 1, but it is "
-                f"{self.accum_steps}: set `second_moment: local` to keep the accumulation window."
-            )
-        if self.v_every is not None and self.second_moment != "group_gradient":
-            result.add_error(
-                f"`v_every` is {self.v_every}, but it is only used with `second_moment: group_gradient`: "
-                "set that, or leave `v_every` out."
-            )
-        elif self.v_every is not None and not self.v_every >= 1:
-            result.add_error(f"`v_every` must be an integer >= 1, but is {self.v_every}.")
-        elif self.v_every is not None and self.v_every > 1 and self.intra_node == "all_reduce":
-            result.add_error(
-                f"`v_every` is {self.v_every}, but with `intra_node: all_reduce` the node's gradients give "
-                "`second_moment: group_gradient` its estimate at every step: leave `v_every` out."
-            )
-        if self.intra_node not in INTRA_NODE:
-            result.add_error(
-                f"`intra_node` must be one of {', '.join(map(repr, INTRA_NODE))}, but is {self.intra_node!r}."
-            )
-        if self.exchange not in EXCHANGES:
-            result.add_error(
-                f"`exchange` must be one of {', '.join(map(repr, EXCHANGES))}, but is {self.exchange!r}."
-            )
-        share = self.share_second_moment_every
-        if not share >= 0:
-            result.add_error(f"`share_second_moment_every` must be an integer >= 0, but is {share}.")
-        elif share and (self.intra_node, self.second_moment) != ("all_reduce", "group_gradient"):
-            result.add_error(
-                f"`share_second_moment_every` is {share}, but it shares the nodes' second moment of "
-                "`intra_node: all_reduce` with `second_moment: group_gradient`: set those, or leave it out."
-            )
-        if not self.sync_steps >= 0:
-            result.add_error(f"`sync_steps` must be an integer >= 0, but is {self.sync_steps}.")
-        if not self.bucket_size_mb > 0:
-            result.add_error(f"`bucket_size_mb` must be > 0, but is {self.bucket_size_mb}.")
-        if self.timeout is not None and not self.timeout > 0:
-            result.add_error(f"`timeout` must be > 0 seconds or None, but is {self.timeout}.")
-        return result
+        hyper = self.lr, self.betas, self.eps, self.weight_decay
+        return _validated(lambda: make_defaults(*hyper, 1, None), self.to_setting, self.to_comm)
+
+    def to_setting(self) -> Setting:
+        """The :class:`~decentadam.options.Setting` this config describes."""
+        return make_setting(
+            self.setting,
+            topology=self.topology,
+            exchange=self.exchange,
+            average_every=self.average_every,
+            intra_node=self.intra_node,
+            second_moment=self.second_moment,
+            v_every=self.v_every,
+            share_second_moment_every=self.share_second_moment_every,
+            accum_steps=self.accum_steps,
+            sync_steps=self.sync_steps,
+        )
+
+    def to_comm(self, process_group: torch.distributed.ProcessGroup | None = None) -> Comm:
+        """The :class:`~decentadam.options.Comm` this config describes, over ``process_group``."""
+        return Comm(
+            local_world_size=self.local_world_size,
+            process_group=process_group,
+            bucket_size_mb=self.bucket_size_mb,
+            timeout=self.timeout,
+            hierarchical=self.hierarchical,
+        )
 
 
-def _validate_hyper_parameters(config: AccumAdamWConfig) -> ValidationResult:
+def _validated(*checks: Callable[[], object]) -> ValidationResult:
+    """fairseq2's result of ``checks``: each one's ValueError message as an error, the library's own
+    words (:mod:`decentadam.options` holds the rules)."""
     result = ValidationResult()
-    try:
-        make_defaults(config.lr, config.betas, config.eps, config.weight_decay, config.accum_steps, None)
-    except ValueError as error:
-        result.add_error(f"{error}.")
+    for check in checks:
+        try:
+            check()
+        except ValueError as error:
+            result.add_error(f"{error}.")
     return result
 
 
@@ -251,20 +241,9 @@ def _decentralized(resolver: DependencyResolver, config: DecentralizedAdamConfig
         betas=config.betas,
         eps=config.eps,
         weight_decay=config.weight_decay,
-        accum_steps=config.accum_steps,
-        second_moment=config.second_moment,  # type: ignore[arg-type]
-        v_every=config.v_every,
-        intra_node=config.intra_node,  # type: ignore[arg-type]
-        exchange=config.exchange,  # type: ignore[arg-type]
-        share_second_moment_every=config.share_second_moment_every,
-        sync_steps=config.sync_steps,
-        topology=config.topology,
-        local_world_size=config.local_world_size,
-        bucket_size_mb=config.bucket_size_mb,
-        process_group=gangs.dp.as_process_group() if gangs.dp.size > 1 else None,
+        setting=config.to_setting(),
+        comm=config.to_comm(gangs.dp.as_process_group() if gangs.dp.size > 1 else None),
         foreach=config.foreach,
-        timeout=config.timeout,
-        hierarchical=config.hierarchical,
     )
     manager = resolver.resolve(CheckpointManager)
     checkpoint_dir = resolver.resolve(CheckpointDir).path or resolver.resolve(Path).joinpath("checkpoints")

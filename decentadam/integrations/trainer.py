@@ -5,7 +5,7 @@
     args = TrainingArguments(output_dir="out", learning_rate=7e-4, adam_beta2=0.999, ...)
     trainer = DecentralizedTrainer(
         model=model, args=args, train_dataset=train, eval_dataset=val,
-        decentralized=DecentralizedArguments(topology="aer"),
+        decentralized=DecentralizedArguments(setting="accumadam"),
     )
     trainer.train()
 
@@ -51,6 +51,7 @@ from decentadam import checkpoint_files as files
 from decentadam.amp import SyncedGradScaler
 from decentadam.consensus import averaged, metrics, unwrap_optimizer
 from decentadam.decentralized import CommStats, DecentralizedAdam
+from decentadam.options import Comm, Setting, make_setting
 
 __all__ = ["DecentralizedArguments", "DecentralizedTrainer", "last_complete_checkpoint"]
 
@@ -61,36 +62,36 @@ logger = logging.getLogger(__name__)
 class DecentralizedArguments:
     """How :class:`DecentralizedTrainer` builds its :class:`~decentadam.DecentralizedAdam`.
 
-    The learning rate, betas, epsilon and weight decay come from ``TrainingArguments``.
+    The learning rate, betas, epsilon and weight decay come from ``TrainingArguments``. ``setting``
+    names one of :data:`decentadam.SETTINGS` (docs/choosing.md); the options after it, flat as in a
+    configuration file, change it (None: the setting's), by the rules of
+    :func:`decentadam.options.make_setting`, checked here.
     """
 
-    topology: str = "aer"
+    setting: str | None = None
+    """A name of ``decentadam.SETTINGS``; None: "default" (or "accumadam" with accum_steps > 1)."""
+    topology: str | None = None
     """Graph schedule: "complete", "ring", "one-peer-exp" or "aer" (alternating exponential ring)."""
-    second_moment: Literal["all_ranks", "local", "group_gradient"] = "all_ranks"
-    """"all_ranks": the second moment of the mean gradient over all ranks, estimated on each rank
-    (needs accum_steps=1); "group_gradient": estimated from the exchange group's gradients (needs
-    accum_steps=1); "local": each rank's own (see DecentralizedAdam)."""
+    exchange: Literal["parameters", "bf16_updates"] | None = None
+    """"parameters" or "bf16_updates" (each rank's update from a shared reference point in bfloat16)."""
+    average_every: int | None = None
+    """Every that many steps the exchange is the exact average over all ranks (0: never)."""
+    intra_node: Literal["gossip", "all_reduce"] | None = None
+    """"gossip" (every rank a worker of the topology) or "all_reduce" (the ranks of a node all-reduce
+    their gradients before each step and only nodes gossip)."""
+    second_moment: Literal["all_ranks", "local", "group_gradient", "global"] | None = None
+    """The second moment the update divides by (decentadam.options: AllRanks, Local, GroupGradient...)."""
     v_every: int | None = None
-    """With second_moment="group_gradient": steps between two gradient exchanges (None: 2; leave it
-    out with intra_node="all_reduce")."""
-    intra_node: Literal["gossip", "all_reduce"] = "gossip"
-    """"gossip": every rank is a worker of the topology; "all_reduce": the ranks of a node all-reduce
-    their gradients before each step and only nodes gossip (see DecentralizedAdam)."""
-    exchange: Literal["parameters", "bf16_updates"] = "parameters"
-    """"parameters": send the parameters; "bf16_updates": send each rank's update from a shared
-    reference point in bfloat16, half the bytes (one fixed group per rank; see DecentralizedAdam)."""
-    share_second_moment_every: int = 0
-    """With intra_node="all_reduce" and second_moment="group_gradient": send the node's second
-    moment with every k-th exchange so the nodes use their mean, floor V / N**2 (see
-    DecentralizedAdam, off by default); 0: each node keeps its own."""
-    sync_steps: int = 0
-    """The first this many steps wait for their exchange and mix at once (a synchronous warm-up; see
-    DecentralizedAdam); 0: every step overlaps."""
-    accum_steps: int = 1
-    """AccumAdam window s (with second_moment="local"): Adam moments advance once per s steps with the
-    window's mean gradient."""
+    """With second_moment="group_gradient" under gossip: steps between two gradient exchanges (2)."""
+    share_second_moment_every: int | None = None
+    """With intra_node="all_reduce" and second_moment="group_gradient": share the nodes' estimate
+    with every k-th exchange (0: not shared)."""
+    sync_steps: int | None = None
+    """The first this many steps wait for their exchange and mix at once (a synchronous warm-up)."""
+    accum_steps: int | None = None
+    """AccumAdam window s (second_moment="local"); alone, > 1 selects the setting "accumadam"."""
     local_world_size: int | None = None
-    """Ranks per node for "aer"; default: LOCAL_WORLD_SIZE set by the launcher."""
+    """Ranks per node for "aer" and intra_node; default: LOCAL_WORLD_SIZE set by the launcher."""
     bucket_size_mb: float = 25.0
     """Size of one communication bucket."""
     overlap: Literal["step", "backward"] = "step"
@@ -103,6 +104,35 @@ class DecentralizedArguments:
     flat all-reduce per group. NCCL keeps its own all-reduce either way."""
     log_metrics: bool = True
     """Add consensus distance and communication wait to the training logs."""
+
+    def __post_init__(self) -> None:
+        self.to_setting()  # bad values and combinations fail here, before training starts
+        self.to_comm()
+
+    def to_setting(self) -> Setting:
+        """The :class:`~decentadam.options.Setting` these arguments describe."""
+        return make_setting(
+            self.setting,
+            topology=self.topology,
+            exchange=self.exchange,
+            average_every=self.average_every,
+            intra_node=self.intra_node,
+            second_moment=self.second_moment,
+            v_every=self.v_every,
+            share_second_moment_every=self.share_second_moment_every,
+            accum_steps=self.accum_steps,
+            sync_steps=self.sync_steps,
+        )
+
+    def to_comm(self) -> Comm:
+        """The :class:`~decentadam.options.Comm` these arguments describe."""
+        return Comm(
+            local_world_size=self.local_world_size,
+            bucket_size_mb=self.bucket_size_mb,
+            overlap=self.overlap,
+            timeout=self.timeout,
+            hierarchical=self.hierarchical,
+        )
 
 
 class DecentralizedTrainer(Trainer):
@@ -175,19 +205,8 @@ class DecentralizedTrainer(Trainer):
             lr=self.args.learning_rate,
             betas=(self.args.adam_beta1, self.args.adam_beta2),
             eps=self.args.adam_epsilon,
-            accum_steps=config.accum_steps,
-            second_moment=config.second_moment,
-            v_every=config.v_every,
-            intra_node=config.intra_node,
-            exchange=config.exchange,
-            share_second_moment_every=config.share_second_moment_every,
-            sync_steps=config.sync_steps,
-            topology=config.topology,
-            local_world_size=config.local_world_size,
-            bucket_size_mb=config.bucket_size_mb,
-            overlap=config.overlap,
-            timeout=config.timeout,
-            hierarchical=config.hierarchical,
+            setting=config.to_setting(),
+            comm=config.to_comm(),
         )
         return self.optimizer
 

@@ -122,17 +122,11 @@ class AccumAdamW(Optimizer):
 
 @dataclass(frozen=True)
 class MomentSource:
-    """What a step divides by beyond the rank's own ``V``: the caller says it per call (it is no
-    param-group key). Corrections (``noise_ranks > 1``) need ``accum_steps=1``.
-
-    ``noise_ranks`` (``n``): the second moment describes the mean of n gradients (:class:`AccumAdamW`);
-    ``floor_ranks`` (``F``, None: ``n``): the corrected second moment is at least ``V / F``;
-    ``estimate_every`` (``k``, None: none): where a parameter's state holds an estimate ``A``
-    (``group_sq``) updated ``u`` (``group_updates``) > 0 times, once per ``k`` steps, ``A`` replaces
-    the correction from ``S``; ``shared``: where a parameter's state holds ``P`` (``shared_sq``), a
-    second moment shared by all ranks, it replaces the rank's own estimate. :func:`accum_adamw` has
-    the formulas; :mod:`decentadam.decentralized` fills ``A`` and ``P``.
-    """
+    """What a step divides by beyond the rank's own ``V``, told by the caller (no param-group key):
+    ``n`` (``noise_ranks``), the floor's ``F`` (``floor_ranks``, None: ``n``), the period ``k`` of an
+    estimate ``A`` (state ``group_sq``, ``group_updates``) that replaces ``S`` (``estimate_every``),
+    and whether a shared ``P`` (state ``shared_sq``) replaces the rank's own (``shared``): the
+    formulas are :func:`accum_adamw`'s. Corrections (``n > 1``) need ``accum_steps=1``."""
 
     noise_ranks: int = 1
     floor_ranks: int | None = None
@@ -326,7 +320,7 @@ def accum_adamw(
     ``state_steps`` are incremented here.
 
     ``group_sqs`` (``noise_ranks > 1`` only): per parameter ``A``, an estimate of the second moment
-    of the mean gradient (from other ranks' gradients: :mod:`decentadam.decentralized`),
+    of the mean gradient (from other ranks' gradients: :mod:`decentadam.exchanges.group_gradient`),
     updated ``group_updates`` (``u``) times, every ``v_every`` (``k``) steps, or ``None`` where
     ``u = 0``. Where given it replaces the noise correction: ``v = max(A / (1 - beta2**(k u)), V /
     (1 - beta2**t) / n)``, and that parameter's ``S`` is neither read nor updated (its ``noise_sqs``
@@ -334,7 +328,7 @@ def accum_adamw(
 
     ``floor_ranks`` (``F``, default ``n``; ``noise_ranks > 1`` only): the floor of the corrected
     second moment is ``V / (1 - beta2**t) / F``, so the step grows at most ``sqrt(F)``-fold over the
-    rank's own (``N**2`` where nodes share ``A``: :mod:`decentadam.decentralized`).
+    rank's own (``N**2`` where nodes share ``A``: :mod:`decentadam.exchanges.moments`).
 
     ``shared_sqs`` (``noise_ranks > 1`` only): per parameter ``P``, a bias-corrected second moment
     shared by all ranks, or ``None``. Where given, ``v = max(P, V / (1 - beta2**t) / n**2)``: the

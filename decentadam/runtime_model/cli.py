@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
 
-from decentadam.decentralized import INTRA_NODE, SECOND_MOMENTS
+from decentadam.options import INTRA_NODE, SECOND_MOMENTS, make_setting
 from decentadam.runtime_model.model import ALLREDUCE, METHODS, Cluster, Prediction, Workload, predict_all
 
 __all__ = ["build_parser", "main", "parse_size", "recommend"]
@@ -103,9 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--bucket-mb", type=_positive, default=25.0, help="bucket size (DDP and DecentralizedAdam)"
     )
-    parser.add_argument(
-        "--overlap", choices=("step", "backward"), default="step", help="DecentralizedAdam(overlap=...)"
-    )
+    parser.add_argument("--overlap", choices=("step", "backward"), default="step", help="Comm(overlap=...)")
     parser.add_argument(
         "--update-blocks-comm",
         action="store_true",
@@ -127,28 +125,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--share-second-moment-every",
         type=_count_or_zero,
         default=0,
-        help="DecentralizedAdam(share_second_moment_every=K), with --intra-node all_reduce and "
+        help="GroupGradient(share_second_moment_every=K), with --intra-node all_reduce and "
         "--second-moment group_gradient: the node's second moment (bfloat16) with every K-th exchange "
-        "(default 0, as in DecentralizedAdam: not shared)",
+        "(default 0: not shared)",
     )
     parser.add_argument(
         "--second-moment",
-        choices=SECOND_MOMENTS,
-        help="DecentralizedAdam(second_moment=...) (default: group_gradient with --v-every, else "
+        choices=tuple(SECOND_MOMENTS),
+        help="Setting(second_moment=...) (default: group_gradient with --v-every, else "
         "all_ranks); with --intra-node all_reduce, group_gradient adds the squares to the node's sum",
     )
     parser.add_argument(
         "--exchange",
         choices=("parameters", "bf16_updates"),
         default="parameters",
-        help="DecentralizedAdam(exchange=...): 'bf16_updates' sends each rank's update in bfloat16 "
+        help="Setting(exchange=...): 'bf16_updates' sends each rank's update in bfloat16 "
         "(2 bytes per parameter) in place of its parameters",
     )
     parser.add_argument(
         "--intra-node",
         choices=INTRA_NODE,
         default="gossip",
-        help="DecentralizedAdam(intra_node=...): 'all_reduce' all-reduces the gradients (and with "
+        help="Setting(intra_node=...): 'all_reduce' all-reduces the gradients (and with "
         "--second-moment group_gradient their squares) inside each node before every update, and only "
         "nodes gossip",
     )
@@ -200,7 +198,10 @@ def recommend(
             + (f", intra_node={intra_node!r}" if intra_node != "gossip" else "")
             + (f", exchange={exchange!r}" if exchange != "parameters" else "")
         )
-        return f"Use DecentralizedAdam({arguments}): predicted {speedup:.2f}x faster per iteration."
+        return (
+            f"Use DecentralizedAdam(params, setting=Setting({arguments})): predicted {speedup:.2f}x faster "
+            "per iteration."
+        )
     return (
         f"Use All-Reduce: the best topology ({best.method}) is predicted only {speedup:.2f}x faster per "
         "iteration, not worth the consensus error of decentralized training."
@@ -210,23 +211,18 @@ def recommend(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.v_every is not None and args.second_moment not in (None, "group_gradient"):
-        parser.error(f"--v-every: only with --second-moment group_gradient, not {args.second_moment}")
     if args.second_moment is None:
         args.second_moment = "group_gradient" if args.v_every is not None else "all_ranks"
-    if args.intra_node == "all_reduce" and args.v_every is not None:
-        parser.error(
-            "--v-every: with --intra-node all_reduce the node's all-reduce gives second_moment="
-            "'group_gradient' its estimate at every step and no gradient travels with the parameters; "
-            "leave --v-every out"
+    try:  # the options' own rules (decentadam.options), as DecentralizedAdam would apply them
+        make_setting(
+            second_moment=args.second_moment,
+            v_every=args.v_every,
+            share_second_moment_every=args.share_second_moment_every,
+            intra_node=args.intra_node,
+            exchange=args.exchange,
         )
-    share = args.share_second_moment_every
-    applies = (args.intra_node, args.second_moment) == ("all_reduce", "group_gradient")
-    if share and not applies:
-        parser.error(
-            f"--share-second-moment-every {share}: it shares the nodes' estimate of --intra-node all_reduce "
-            "with --second-moment group_gradient; give both, or leave it out"
-        )
+    except ValueError as error:
+        parser.error(str(error))
     try:
         cluster, work = _inputs(args)
     except ValueError as error:

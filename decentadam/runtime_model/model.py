@@ -24,7 +24,7 @@ Inputs (all measurable without running the training job itself)
              a group of two sums them in bfloat16 (``G = 2 P`` bytes), a larger group in float32
              (``G = 4 P``). A step whose exchange carries it sums ``S + G`` bytes instead of ``S``,
              so ``G / k`` more per step on average.
-``intra_node`` with ``"all_reduce"`` (``DecentralizedAdam(intra_node="all_reduce")``): before every
+``intra_node`` with ``"all_reduce"`` (``Setting(intra_node="all_reduce")``): before every
              update the ``L`` ranks of each node all-reduce their gradients, and with
              ``second_moment="group_gradient"`` their squares too: ``S_node = 2 S`` bytes (``S``
              without the squares, ``node_squares=False``), over the node's links: a ring of ``L``
@@ -134,7 +134,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from decentadam.collectives import node_layout
-from decentadam.decentralized import INTRA_NODE
+from decentadam.options import INTRA_NODE
 from decentadam.topology import Group, Round, Topology, build, changing_groups, over_nodes
 
 __all__ = [
@@ -240,7 +240,7 @@ class Workload:
     """P: with ``share_second_moment_every`` the values of the node's second moment sent with the
     parameters every ``share_every`` steps, 2 bytes each (bfloat16); 0: not shared."""
     share_every: int = 2
-    """k_A: DecentralizedAdam's ``share_second_moment_every``, the steps between two such sums."""
+    """k_A: ``GroupGradient(share_second_moment_every)``, the steps between two such sums."""
 
     def __post_init__(self) -> None:
         if not self.param_bytes > 0:

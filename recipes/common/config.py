@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -121,12 +122,14 @@ def check_positive(section: Any, prefix: str, names: tuple[str, ...], *, zero: b
 
 
 def dump(config: Any) -> str:
-    """The configuration as TOML (what :func:`load` reads back)."""
+    """The configuration as TOML (what :func:`load` reads back; a field that is None, unset, is left
+    out: TOML has no null)."""
     lines: list[str] = []
     for section in _sections(type(config)):
         lines.append(f"[{section}]")
         for key, value in dataclasses.asdict(getattr(config, section)).items():
-            lines.append(f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else value)}")
+            if value is not None:
+                lines.append(f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else value)}")
         lines.append("")
     return "\n".join(lines)
 
@@ -166,6 +169,9 @@ def _set(config: Any, section: str, key: str, value: Any, where: str) -> None:
 
 
 def _coerce(kind: Any, value: Any, name: str) -> Any:
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None: a field that may be unset
+        (given,) = [k for k in typing.get_args(kind) if k is not type(None)]
+        return _coerce(given, value, name)
     if kind is bool and isinstance(value, bool):
         return value
     if kind is int and isinstance(value, int) and not isinstance(value, bool):

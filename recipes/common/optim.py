@@ -1,4 +1,4 @@
-"""The optimizer of a recipe's run, and the one parameter-group rule every optimizer gets.
+"""The ``[optim]`` section every recipe shares, and the optimizer it builds.
 
 ===================  ===========  ==================================================================
 ``optim.optimizer``  algorithm    built here
@@ -6,12 +6,16 @@
 ``allreduce``        ``adamw``    ``torch.optim.AdamW`` (betas_allreduce); the recipe wraps the model
                                   in DDP with ``accelerator.prepare``: every rank holds one model
 ``allreduce``        ``sgd``      ``torch.optim.SGD`` with momentum, under DDP the same way
-``decentralized``    ``adamw``    ``decentadam.DecentralizedAdam`` (AccumAdamW, betas_decentralized,
-                                  ``second_moment`` and its ``v_every``, window ``accum_steps``,
-                                  ``topology``): each rank its own copy
+``decentralized``    ``adamw``    ``decentadam.DecentralizedAdam`` (AccumAdamW, betas_decentralized)
+                                  with the setting of ``optim.setting`` and the options after it
 ``a2cid2``           ``adamw``    ``decentadam.A2CiD2`` around a local ``AccumAdamW``
 ``a2cid2``           ``sgd``      ``decentadam.A2CiD2`` around a local SGD with momentum
 ===================  ===========  ==================================================================
+
+DecentralizedAdam's options are those of :func:`decentadam.options.make_setting` under the same
+names: its rules, its words (a refused combination is a :class:`ConfigError` with the library's
+message). ``--optimizer allreduce`` ignores them (a preset serves both optimizers), but for those
+that would change what is sent, which it refuses when set.
 
 Parameter groups: weight decay on weight matrices and convolution kernels only, never on biases
 and normalisation weights, i.e. on no tensor of fewer than two dimensions (BatchNorm and LayerNorm
@@ -20,33 +24,114 @@ weights and every bias are one-dimensional). AdamW and AccumAdamW decay decouple
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
 
-from recipes.common.config import ConfigError, check_choice
+from recipes.common.config import ConfigError
 
 if TYPE_CHECKING:
     from decentadam import DecentralizedAdam
     from decentadam.collectives import Communicator
+    from decentadam.options import Setting
 
 __all__ = [
     "ALGORITHMS",
-    "EXCHANGES",
-    "INTRA_NODE",
     "OPTIMIZERS",
-    "SECOND_MOMENTS",
+    "OptimConfig",
     "build_optimizer",
+    "decentralized_setting",
     "is_decentralized",
     "param_groups",
+    "resolved",
 ]
 
 OPTIMIZERS = ("allreduce", "decentralized", "a2cid2")
 ALGORITHMS = ("adamw", "sgd")
-SECOND_MOMENTS = ("all_ranks", "local", "group_gradient")
-INTRA_NODE = ("gossip", "all_reduce")
-EXCHANGES = ("parameters", "bf16_updates")
+Config = TypeVar("Config", bound="OptimConfig")
+SETTING_OPTIONS = (
+    "topology",
+    "exchange",
+    "average_every",
+    "intra_node",
+    "second_moment",
+    "v_every",
+    "share_second_moment_every",
+    "accum_steps",
+    "sync_steps",
+)
+"""DecentralizedAdam's options that ``[optim]`` holds flat (decentadam.options.make_setting)."""
+SENDS: Mapping[str, object] = MappingProxyType(
+    {"exchange": "parameters", "intra_node": "gossip", "share_second_moment_every": 0, "sync_steps": 0}
+)
+"""Options that change what DecentralizedAdam sends, with their values that change nothing."""
+
+
+@dataclass
+class OptimConfig:
+    optimizer: str = "decentralized"
+    """``allreduce`` (AdamW or SGD under Accelerate's DDP: the baseline), ``decentralized``
+    (DecentralizedAdam: each rank its own copy, averaged with neighbours in lockstep) or ``a2cid2``
+    (asynchronous averagings with graph neighbours at random times; image recipe)."""
+    algorithm: str = "adamw"
+    """Local update: ``adamw`` (AccumAdamW when decentralized or a2cid2, torch AdamW under All-Reduce)
+    or ``sgd`` (momentum SGD: All-Reduce or a2cid2)."""
+    lr: float = 1e-3
+    """Peak learning rate, reached after the warm-up."""
+    betas_allreduce: tuple[float, float] = (0.9, 0.999)
+    """Adam betas of AdamW under All-Reduce (the baseline)."""
+    betas_decentralized: tuple[float, float] = (0.9, 0.999)
+    """Adam betas of AccumAdamW, decentralized or under A2CiD2 (the paper's AccumAdam used (0.9, 0.999))."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay for Adam, L2 for SGD; never on biases and norms."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    nesterov: bool = False
+    """SGD: Nesterov momentum."""
+    label_smoothing: float = 0.1
+    """Label smoothing of the training loss."""
+    setting: str | None = None
+    """DecentralizedAdam's setting, a name of ``decentadam.SETTINGS`` (docs/choosing.md); unset:
+    ``default`` (``accumadam`` with ``accum_steps`` > 1). The options below change it; unset: the
+    setting's."""
+    topology: str | None = None
+    """Graph of the parameter averaging: ``aer``, ``complete``, ``ring``, ``one-peer-exp``."""
+    exchange: str | None = None
+    """``parameters`` (float32 parameters) or ``bf16_updates`` (each rank's update from a shared
+    reference point in bfloat16: half the bytes; a fixed group per rank or ``average_every``)."""
+    average_every: int | None = None
+    """Every that many steps the exchange is the exact average over all ranks (0: never)."""
+    intra_node: str | None = None
+    """``gossip`` (every rank a worker of the topology) or ``all_reduce`` (the ranks of a node
+    average their gradients, as DDP does, and only nodes gossip: ``local_world_size`` ranks per node)."""
+    second_moment: str | None = None
+    """``all_ranks`` (that of the mean gradient over all ranks, estimated on each rank; also A2CiD2's
+    local AccumAdamW), ``group_gradient`` (from the exchange group's gradients), ``global`` (the
+    ranks' estimates averaged at the exact averages) or ``local`` (each rank's own: the paper's)."""
+    v_every: int | None = None
+    """``group_gradient`` under gossip: steps between two gradient exchanges (2)."""
+    share_second_moment_every: int | None = None
+    """``group_gradient`` with ``intra_node = "all_reduce"``: send the node's estimate with every k-th
+    exchange, so the nodes use their mean (1 byte per parameter and step at k = 2; 0: not shared)."""
+    sync_steps: int | None = None
+    """The first this many steps wait for their exchange and mix at once, so every rank takes its
+    next gradient at the mixed point (a synchronous warm-up); 0: every step overlaps."""
+    accum_steps: int | None = None
+    """AccumAdam window s (``second_moment = "local"``, also A2CiD2's): the moments advance once per
+    s steps with the window's mean gradient; alone, > 1 selects the setting ``accumadam``."""
+    local_world_size: int = 0
+    """Ranks per node (0 = the launcher's LOCAL_WORLD_SIZE); 2 on one machine emulates nodes of 2."""
+    graph: str = "ring"
+    """A2CiD2: the graph whose neighbours average together: ``ring``, ``exp`` or ``complete``."""
+    rate: float = 1.0
+    """A2CiD2: averagings per gradient step of each rank, on average."""
 
 
 def is_decentralized(optimizer: str) -> bool:
@@ -63,30 +148,73 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     ]
 
 
+def decentralized_setting(o: OptimConfig) -> Setting:
+    """DecentralizedAdam's setting of ``o``; ConfigError with the library's message where refused."""
+    from decentadam.options import make_setting
+
+    try:
+        return make_setting(o.setting, **{name: getattr(o, name) for name in SETTING_OPTIONS})
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def check_optimizer(o: OptimConfig) -> None:
+    """Raise ConfigError for an unknown optimizer or algorithm, and for an option the optimizer does
+    not take (DecentralizedAdam is AccumAdamW; A2CiD2 takes a second moment of its own rank)."""
+    if o.optimizer not in OPTIMIZERS or o.algorithm not in ALGORITHMS:
+        raise ConfigError(
+            f"optim.optimizer = {o.optimizer!r}, optim.algorithm = {o.algorithm!r}: expected an optimizer "
+            f"of {', '.join(OPTIMIZERS)} and an algorithm of {', '.join(ALGORITHMS)}"
+        )
+    if o.optimizer == "decentralized":
+        if o.algorithm != "adamw":
+            raise ConfigError(
+                f"optim.algorithm = {o.algorithm!r}: decentralized training runs DecentralizedAdam "
+                "(AccumAdamW): use optim.algorithm=adamw, or --optimizer a2cid2 for gossip around SGD"
+            )
+        decentralized_setting(o)
+        return
+    for name, neutral in SENDS.items():
+        value = getattr(o, name)
+        if value not in (None, neutral):
+            raise ConfigError(
+                f"optim.{name} = {value!r} changes what DecentralizedAdam sends; --optimizer {o.optimizer} "
+                f"does not take it: use --optimizer decentralized, or optim.{name}={neutral}"
+            )
+    if o.optimizer == "a2cid2":
+        if o.setting is not None or o.second_moment not in (None, "all_ranks", "local"):
+            given = (
+                f"optim.setting = {o.setting!r}"
+                if o.setting
+                else f"optim.second_moment = {o.second_moment!r}"
+            )
+            raise ConfigError(
+                f"{given}: A2CiD2's local AccumAdamW takes second_moment all_ranks (the default) or local, "
+                "with no exchange of its own: use one of those with --optimizer a2cid2, or --optimizer "
+                "decentralized"
+            )
+        if o.algorithm == "adamw" and o.accum_steps not in (None, 1) and o.second_moment != "local":
+            raise ConfigError(
+                f"optim.accum_steps = {o.accum_steps} needs optim.second_moment=local (each rank's own "
+                "second moment, the paper's AccumAdam)"
+            )
+
+
+def resolved(o: Config) -> Config:
+    """``o`` checked, DecentralizedAdam's options written out as its setting holds them (the
+    effective configuration a run directory keeps, whatever the default setting becomes)."""
+    check_optimizer(o)
+    if o.optimizer != "decentralized":
+        return o
+    return dataclasses.replace(o, **decentralized_setting(o).flat())
+
+
 def build_optimizer(
     model: nn.Module,
-    optimizer: str,
+    o: OptimConfig,
     *,
-    algorithm: str = "adamw",
-    lr: float,
-    weight_decay: float,
-    betas_allreduce: tuple[float, float],
-    betas_decentralized: tuple[float, float],
-    eps: float,
-    momentum: float = 0.9,
-    nesterov: bool = False,
-    accum_steps: int = 1,
-    second_moment: str = "all_ranks",
-    v_every: int = 2,
-    intra_node: str = "gossip",
-    exchange: str = "parameters",
-    share_second_moment_every: int = 0,
-    sync_steps: int = 0,
-    topology: str = "aer",
-    local_world_size: int = 0,
+    lr: float | None = None,
     world_size: int = 1,
-    graph: str = "ring",
-    rate: float = 1.0,
     seed: int = 0,
     communicator: Communicator | None = None,
     timeout: float | None = None,
@@ -94,116 +222,52 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """The optimizer of the table above for ``model`` (on its device already).
 
-    ``local_world_size`` 0 takes the launcher's ``LOCAL_WORLD_SIZE``; a value above ``world_size`` is
-    capped to it (one node). ``second_moment="all_ranks"`` gives the local AccumAdamW of A2CiD2 the same
-    correction as DecentralizedAdam (``noise_ranks = world_size``); ``"group_gradient"``
-    (DecentralizedAdam only) sends the gradient with the parameters every ``v_every`` steps, which is
-    ignored with the other second moments and with ``intra_node="all_reduce"`` (the ranks of a node
-    average their gradients; DecentralizedAdam only). ``exchange="bf16_updates"`` (DecentralizedAdam
-    only) sends each rank's update in bfloat16 instead of its parameters. ``share_second_moment_every=k
-    > 0`` (DecentralizedAdam with ``intra_node="all_reduce"`` and ``second_moment="group_gradient"``)
-    sends the nodes' second moment with every k-th exchange. ``sync_steps=W`` (DecentralizedAdam only)
-    makes the first W steps wait for their exchange and mix at once. Raises ConfigError for an
-    unknown optimizer or algorithm, and for a decentralized run with ``sgd`` (DecentralizedAdam is
-    AccumAdamW).
-    ``communicator`` replaces DecentralizedAdam's torch.distributed collectives (the time-to-quality
-    benchmark times its step with exchanges that finish at once). ``timeout``: the seconds
-    DecentralizedAdam waits for one exchange before raising (None: the process group's).
-    ``optimizer_class`` builds the decentralized optimizer in place of DecentralizedAdam (a subclass: a
-    benchmark's variant of it).
+    ``lr`` replaces ``o.lr`` (a recipe's scaled rate). ``local_world_size`` 0 takes the launcher's
+    ``LOCAL_WORLD_SIZE``; a value above ``world_size`` is capped to it (one node). ``communicator``
+    replaces DecentralizedAdam's torch.distributed collectives (the time-to-quality benchmark times
+    its step with exchanges that finish at once); ``timeout``: the seconds DecentralizedAdam waits for
+    one exchange before raising (None: the process group's); ``optimizer_class`` builds the
+    decentralized optimizer in place of DecentralizedAdam (a subclass: a benchmark's variant of it).
+    A2CiD2's local AccumAdamW corrects its second moment as DecentralizedAdam's default does
+    (``noise_ranks = world_size``) unless ``second_moment = "local"``. Raises ConfigError
+    (:func:`check_optimizer`, and what DecentralizedAdam refuses for this job's size).
     """
     from decentadam import A2CiD2, AccumAdamW, DecentralizedAdam
+    from decentadam.options import Comm
 
-    if optimizer not in OPTIMIZERS or algorithm not in ALGORITHMS:
-        raise ConfigError(
-            f"optim.optimizer = {optimizer!r}, optim.algorithm = {algorithm!r}: expected an optimizer of "
-            f"{', '.join(OPTIMIZERS)} and an algorithm of {', '.join(ALGORITHMS)}"
-        )
-    if optimizer == "decentralized" and algorithm != "adamw":
-        raise ConfigError(
-            f"optim.algorithm = {algorithm!r}: decentralized training runs DecentralizedAdam (AccumAdamW): "
-            "use optim.algorithm=adamw, or --optimizer a2cid2 for gossip around SGD"
-        )
-    check_choice("optim.second_moment", second_moment, SECOND_MOMENTS)
-    if second_moment != "local" and accum_steps > 1 and optimizer != "allreduce" and algorithm == "adamw":
-        raise ConfigError(
-            f"optim.accum_steps = {accum_steps} with optim.second_moment = {second_moment!r}: the corrected "
-            "second moment replaces the accumulation window; set optim.accum_steps=1, or "
-            "optim.second_moment=local for the paper's AccumAdam"
-        )
-    if not (isinstance(v_every, int) and v_every >= 1):
-        raise ConfigError(f"optim.v_every = {v_every}: expected a positive integer (steps between gradients)")
-    check_choice("optim.intra_node", intra_node, INTRA_NODE)
-    check_choice("optim.exchange", exchange, EXCHANGES)
-    if exchange != "parameters" and optimizer != "decentralized":
-        raise ConfigError(
-            f"optim.exchange = {exchange!r} is how DecentralizedAdam sends its parameters; --optimizer "
-            f"{optimizer} does not take it: use --optimizer decentralized, or optim.exchange=parameters"
-        )
-    if not (isinstance(share_second_moment_every, int) and share_second_moment_every >= 0):
-        raise ConfigError(
-            f"optim.share_second_moment_every = {share_second_moment_every!r}: expected an integer >= 0 "
-            "(steps between two exchanges of the nodes' second moment; 0: not shared)"
-        )
-    if share_second_moment_every and (
-        optimizer != "decentralized" or intra_node != "all_reduce" or second_moment != "group_gradient"
-    ):
-        raise ConfigError(
-            f"optim.share_second_moment_every = {share_second_moment_every} shares the nodes' second moment "
-            f"of DecentralizedAdam(intra_node='all_reduce', second_moment='group_gradient'), but --optimizer "
-            f"{optimizer}, optim.intra_node = {intra_node!r}, optim.second_moment = {second_moment!r}: use "
-            "--optimizer decentralized optim.intra_node=all_reduce optim.second_moment=group_gradient, or "
-            "optim.share_second_moment_every=0"
-        )
-    if not (isinstance(sync_steps, int) and sync_steps >= 0):
-        raise ConfigError(
-            f"optim.sync_steps = {sync_steps!r}: expected an integer >= 0 (how many first steps wait for "
-            "their exchange; 0: every step overlaps)"
-        )
-    if sync_steps and optimizer != "decentralized":
-        raise ConfigError(
-            f"optim.sync_steps = {sync_steps} makes DecentralizedAdam's first steps wait for their "
-            f"exchange; --optimizer {optimizer} does not take it: use --optimizer decentralized, or "
-            "optim.sync_steps=0"
-        )
-    if intra_node == "all_reduce" and optimizer != "decentralized":
-        raise ConfigError(
-            f"optim.intra_node = 'all_reduce' averages gradients inside nodes before DecentralizedAdam's "
-            f"step; --optimizer {optimizer} does not take it: use --optimizer decentralized, or "
-            "optim.intra_node=gossip"
-        )
-    if second_moment == "group_gradient" and optimizer == "a2cid2":
-        raise ConfigError(
-            "optim.second_moment = 'group_gradient' sends the gradient with DecentralizedAdam's parameter "
-            "exchange, which A2CiD2 does not have: use optim.second_moment=all_ranks (or local) with "
-            "--optimizer a2cid2, or --optimizer decentralized"
-        )
-    groups = param_groups(model, weight_decay)
-    if optimizer == "decentralized":  # decentadam: each rank keeps its own copy, averaged with neighbours
-        return (optimizer_class or DecentralizedAdam)(
-            groups, lr=lr, betas=betas_decentralized, eps=eps, weight_decay=weight_decay,
-            accum_steps=accum_steps, second_moment=second_moment,  # type: ignore[arg-type]
-            v_every=v_every if second_moment == "group_gradient" and intra_node == "gossip" else None,
-            intra_node=intra_node, topology=topology, exchange=exchange,  # type: ignore[arg-type]
-            share_second_moment_every=share_second_moment_every, sync_steps=sync_steps,
-            local_world_size=min(local_world_size, world_size) if local_world_size else None,
-            communicator=communicator, timeout=timeout,
-        )  # fmt: skip
+    check_optimizer(o)
+    lr = o.lr if lr is None else lr
+    groups = param_groups(model, o.weight_decay)
+    if o.optimizer == "decentralized":  # decentadam: each rank keeps its own copy, averaged with neighbours
+        local_world_size = min(o.local_world_size, world_size) if o.local_world_size else None
+        comm = Comm(local_world_size=local_world_size, communicator=communicator, timeout=timeout)
+        try:  # what the setting asks of this job's size is checked here (Setting.schedule)
+            return (optimizer_class or DecentralizedAdam)(
+                groups,
+                lr,
+                o.betas_decentralized,
+                o.eps,
+                o.weight_decay,
+                setting=decentralized_setting(o),
+                comm=comm,
+            )
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
     local: torch.optim.Optimizer
-    if algorithm == "sgd":
-        local = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
-    elif optimizer == "a2cid2":
-        noise_ranks = world_size if second_moment == "all_ranks" else 1
+    if o.algorithm == "sgd":
+        local = torch.optim.SGD(groups, lr=lr, momentum=o.momentum, nesterov=o.nesterov)
+    elif o.optimizer == "a2cid2":
+        own = o.second_moment == "local"
         local = AccumAdamW(
             groups,
             lr=lr,
-            betas=betas_decentralized,
-            eps=eps,
-            accum_steps=accum_steps,
-            noise_ranks=noise_ranks,
+            betas=o.betas_decentralized,
+            eps=o.eps,
+            accum_steps=o.accum_steps or 1,
+            noise_ranks=1 if own else world_size,
         )
     else:
-        local = torch.optim.AdamW(groups, lr=lr, betas=betas_allreduce, eps=eps)
-    if optimizer == "a2cid2":  # decentadam: asynchronous gossip around the local step
-        return A2CiD2(local, graph=graph, rate=rate, seed=seed)
+        local = torch.optim.AdamW(groups, lr=lr, betas=o.betas_allreduce, eps=o.eps)
+    if o.optimizer == "a2cid2":  # decentadam: asynchronous gossip around the local step
+        return A2CiD2(local, graph=o.graph, rate=o.rate, seed=seed)
     return local

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from recipes.common.launch import accelerate_launch, environment, run_logged
+from recipes.common.optim import resolved
 from recipes.common.run import step_name
 from recipes.imagenet import config, data
 
@@ -46,7 +47,10 @@ CPU_ENV = "ACCELERATE_USE_CPU=true OMP_NUM_THREADS=1 "
 
 
 def effective(preset: str, overrides: list[str]) -> config.Config:
-    return config.load(preset, overrides)
+    """The configuration a run of ``preset`` with ``overrides`` writes (its options resolved)."""
+    cfg = config.load(preset, overrides)
+    cfg.optim = resolved(cfg.optim)
+    return cfg
 
 
 def check_comparable(allreduce: config.Config, decentralized: config.Config) -> None:

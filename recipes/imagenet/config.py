@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recipes.common import optim as common
 from recipes.common.config import ConfigError, Presets, dump
 
 __all__ = ["PRESETS", "Config", "ConfigError", "dump", "load"]
@@ -61,72 +62,17 @@ class ModelConfig:
 
 
 @dataclass
-class OptimConfig:
-    optimizer: str = "decentralized"
-    """``allreduce`` (Accelerate's usual DDP prepare, all ranks hold one model), ``decentralized``
-    (DecentralizedAdam: each rank its own copy, averaged with neighbours in lockstep) or ``a2cid2``
-    (asynchronous: averagings with graph neighbours at random times, no rank waits for another)."""
-    algorithm: str = "adamw"
-    """Local update: ``adamw`` (AccumAdamW when decentralized or a2cid2, torch AdamW under All-Reduce)
-    or ``sgd`` (momentum SGD: All-Reduce or a2cid2)."""
+class OptimConfig(common.OptimConfig):
+    """``[optim]``: :class:`recipes.common.optim.OptimConfig` with ResNet-50's defaults (the paper's
+    AccumAdam), and its schedule."""
+
     lr: float = 1.5e-3
     """Peak learning rate, for ``lr_batch`` images per step (see there)."""
+    weight_decay: float = 2.0**-15
     lr_batch: int = 0
     """Linear scaling: the peak rate is ``lr * global_batch / lr_batch`` (0 = ``lr`` as is)."""
-    momentum: float = 0.9
-    """SGD momentum."""
-    nesterov: bool = False
-    """SGD: Nesterov momentum."""
-    betas_allreduce: tuple[float, float] = (0.9, 0.999)
-    """Adam betas of AdamW under All-Reduce (``algorithm = "adamw"``)."""
-    betas_decentralized: tuple[float, float] = (0.9, 0.999)
-    """Adam betas of AccumAdamW, decentralized or under A2CiD2."""
-    eps: float = 1e-8
-    """Adam epsilon."""
-    weight_decay: float = 2.0**-15
-    """Weight decay (decoupled for Adam, L2 for SGD); never on BatchNorm weights and biases."""
     warmup_epochs: float = 5.0
     """Linear warm-up from 0 to the peak rate over this many epochs, then cosine decay to 0."""
-    label_smoothing: float = 0.1
-    """Label smoothing of the training loss."""
-    topology: str = "aer"
-    """Decentralized graph: ``aer``, ``complete``, ``ring`` or ``one-peer-exp``."""
-    second_moment: str = "all_ranks"
-    """AccumAdamW's second moment, decentralized or under A2CiD2: ``all_ranks`` (that of the mean
-    gradient over all ranks, estimated on each rank; needs accum_steps = 1), ``group_gradient``
-    (DecentralizedAdam only: estimated from the exchange group's gradients, sent with the parameters
-    every ``v_every`` steps) or ``local`` (each rank's own: the paper's AccumAdam)."""
-    v_every: int = 2
-    """With ``second_moment = "group_gradient"``: steps between two gradient exchanges (k); not
-    used with ``intra_node = "all_reduce"``, which gives the estimate every step."""
-    intra_node: str = "gossip"
-    """``gossip`` (every rank a worker of the topology) or ``all_reduce`` (the ranks of a node
-    average their gradients, as DDP does, and only nodes gossip: ``local_world_size`` ranks per
-    node; DecentralizedAdam only)."""
-    exchange: str = "parameters"
-    """DecentralizedAdam's exchange: ``parameters`` (float32 parameters) or ``bf16_updates`` (each
-    rank's update from a shared reference point in bfloat16: half the bytes; needs one fixed group
-    per rank: ``topology = "complete"``, or with ``intra_node = "all_reduce"`` any topology over 2
-    nodes)."""
-    share_second_moment_every: int = 0
-    """With ``intra_node = "all_reduce"`` and ``second_moment = "group_gradient"``: send the node's
-    second-moment estimate with every k-th exchange, so the nodes use their mean, and lower the
-    floor to ``V / N**2`` (1 byte per parameter and step at k = 2; DecentralizedAdam's
-    ``share_second_moment_every``, off by default there too); 0: each node keeps its own."""
-    sync_steps: int = 0
-    """DecentralizedAdam's synchronous warm-up: the first this many steps wait for their exchange and
-    mix at once, so every rank takes its next gradient at the mixed point (later steps overlap); 0:
-    every step overlaps."""
-    accum_steps: int = 1
-    """AccumAdam window s (with ``second_moment = "local"``): the moments advance once per s steps
-    with the window's mean gradient."""
-    local_world_size: int = 0
-    """Ranks per node for ``aer`` (0 = the launcher's LOCAL_WORLD_SIZE); 2 on one machine emulates
-    nodes of 2 ranks."""
-    graph: str = "ring"
-    """A2CiD2: the graph whose neighbours average together: ``ring``, ``exp`` or ``complete``."""
-    rate: float = 1.0
-    """A2CiD2: averagings per gradient step of each rank, on average."""
 
 
 @dataclass

@@ -59,7 +59,7 @@ import torch.nn.functional as F
 from recipes.common import cli
 from recipes.common.config import ConfigError, check_choice, check_positive
 from recipes.common.loop import TrainingClock, mixed_precision, out_of_time
-from recipes.common.optim import ALGORITHMS, OPTIMIZERS, build_optimizer, is_decentralized
+from recipes.common.optim import ALGORITHMS, OPTIMIZERS, build_optimizer, is_decentralized, resolved
 from recipes.common.run import RunDirectory
 from recipes.imagenet import data
 from recipes.imagenet.config import PRESETS, Config, dump
@@ -67,15 +67,14 @@ from recipes.imagenet.model import build_model, count_parameters, logits, to_cha
 
 
 def check(cfg: Config) -> None:
-    """What the field types do not rule out, checked before anything starts."""
+    """What the field types do not rule out, checked before anything starts; ``cfg.optim`` becomes the
+    resolved one (:func:`recipes.common.optim.resolved`)."""
     check_choice("optim.optimizer", cfg.optim.optimizer, OPTIMIZERS)
     check_choice("optim.algorithm", cfg.optim.algorithm, ALGORITHMS)
+    cfg.optim = resolved(
+        cfg.optim
+    )  # DecentralizedAdam's options as its setting holds them: the run keeps them
     mixed_precision(cfg.train.mixed_precision)  # raises for an unknown setting
-    if cfg.optim.optimizer == "decentralized" and cfg.optim.algorithm != "adamw":
-        raise ConfigError(
-            f"optim.algorithm = {cfg.optim.algorithm!r}: decentralized training runs DecentralizedAdam "
-            "(AccumAdamW): use a decentralized preset (resnet50-imagenet-accumadam) or optim.algorithm=adamw"
-        )
     if not cfg.data.path:
         raise ConfigError(
             "data.path is empty: give the image folder (data=DIR) or a hub name (ILSVRC/imagenet-1k)"
@@ -138,13 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     model = to_channels_last(model, device, m.channels_last)
     lr = o.lr * t.global_batch / o.lr_batch if o.lr_batch else o.lr
     optimizer: Any = build_optimizer(  # decentadam: DecentralizedAdam or A2CiD2, or the baseline's
-        model, o.optimizer, algorithm=o.algorithm, lr=lr, weight_decay=o.weight_decay,
-        betas_allreduce=o.betas_allreduce, betas_decentralized=o.betas_decentralized, eps=o.eps,
-        momentum=o.momentum, nesterov=o.nesterov, accum_steps=o.accum_steps,
-        second_moment=o.second_moment, v_every=o.v_every, intra_node=o.intra_node, topology=o.topology,
-        exchange=o.exchange, share_second_moment_every=o.share_second_moment_every, sync_steps=o.sync_steps,
-        local_world_size=o.local_world_size, world_size=world, graph=o.graph, rate=o.rate, seed=t.seed,
-    )  # fmt: skip
+        model, o, lr=lr, world_size=world, seed=t.seed
+    )
     warmup = round(o.warmup_epochs * steps_per_epoch)
 
     def schedule(step: int) -> float:  # linear warm-up, then cosine to 0 at schedule_steps

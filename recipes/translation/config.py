@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recipes.common import optim as common
 from recipes.common.config import ConfigError, Presets, dump
 
 __all__ = ["PRESETS", "Config", "ConfigError", "dump", "load"]
@@ -68,59 +69,18 @@ class ModelConfig:
 
 
 @dataclass
-class OptimConfig:
-    optimizer: str = "decentralized"
-    """``allreduce`` (AdamW under Accelerate's DDP: the baseline) or ``decentralized`` (DecentralizedAdam)."""
+class OptimConfig(common.OptimConfig):
+    """``[optim]``: :class:`recipes.common.optim.OptimConfig` with the Transformer's defaults, and its
+    schedule. ``--optimizer``: ``allreduce`` or ``decentralized``."""
+
     lr: float = 7e-4
-    """Peak learning rate, reached after the warm-up."""
+    betas_allreduce: tuple[float, float] = (0.9, 0.98)
+    betas_decentralized: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
     warmup_steps: int = 4000
     """Linear warm-up steps, then the rate decays as 1/sqrt(step) (the Transformer's schedule)."""
-    betas_allreduce: tuple[float, float] = (0.9, 0.98)
-    """Adam betas of AdamW under All-Reduce (the baseline)."""
-    betas_decentralized: tuple[float, float] = (0.9, 0.98)
-    """Adam betas of DecentralizedAdam (the paper's AccumAdam used (0.9, 0.999))."""
-    eps: float = 1e-9
-    """Adam epsilon."""
-    weight_decay: float = 0.0
-    """Decoupled weight decay (not on biases and norms)."""
     clip_norm: float = 0.0
     """Clip each rank's gradient to this norm (0 = no clipping)."""
-    label_smoothing: float = 0.1
-    """Label smoothing of the training loss."""
-    topology: str = "aer"
-    """Graph of the parameter averaging: ``aer``, ``complete``, ``ring``, ``one-peer-exp``."""
-    second_moment: str = "all_ranks"
-    """DecentralizedAdam's second moment: ``all_ranks`` (that of the mean gradient over all ranks,
-    estimated on each rank; needs accum_steps = 1), ``group_gradient`` (estimated from the exchange
-    group's gradients, sent with the parameters every ``v_every`` steps; accum_steps = 1) or
-    ``local`` (each rank's own: the paper's)."""
-    v_every: int = 2
-    """With ``second_moment = "group_gradient"``: steps between two gradient exchanges (k); not
-    used with ``intra_node = "all_reduce"``, which gives the estimate every step."""
-    intra_node: str = "gossip"
-    """``gossip`` (every rank a worker of the topology) or ``all_reduce`` (the ranks of a node
-    average their gradients, as DDP does, and only nodes gossip: ``local_world_size`` ranks per
-    node; DecentralizedAdam only)."""
-    exchange: str = "parameters"
-    """DecentralizedAdam's exchange: ``parameters`` (float32 parameters) or ``bf16_updates`` (each
-    rank's update from a shared reference point in bfloat16: half the bytes; needs one fixed group
-    per rank: ``topology = "complete"``, or with ``intra_node = "all_reduce"`` any topology over 2
-    nodes)."""
-    share_second_moment_every: int = 0
-    """With ``intra_node = "all_reduce"`` and ``second_moment = "group_gradient"``: send the node's
-    second-moment estimate with every k-th exchange, so the nodes use their mean, and lower the
-    floor to ``V / N**2`` (1 byte per parameter and step at k = 2; DecentralizedAdam's
-    ``share_second_moment_every``, off by default there too); 0: each node keeps its own."""
-    sync_steps: int = 0
-    """DecentralizedAdam's synchronous warm-up: the first this many steps wait for their exchange and
-    mix at once, so every rank takes its next gradient at the mixed point (later steps overlap); 0:
-    every step overlaps."""
-    accum_steps: int = 1
-    """AccumAdam window s (with ``second_moment = "local"``): the moments advance once per s steps
-    with the window's mean gradient."""
-    local_world_size: int = 0
-    """Ranks per node for ``aer`` (0 = the launcher's LOCAL_WORLD_SIZE); 2 on one machine emulates
-    nodes of 2."""
 
 
 @dataclass

@@ -57,7 +57,7 @@ import torch
 from recipes.common import cli
 from recipes.common.config import ConfigError, check_choice, check_positive
 from recipes.common.loop import TrainingClock, mixed_precision, out_of_time
-from recipes.common.optim import build_optimizer
+from recipes.common.optim import build_optimizer, resolved
 from recipes.common.run import RunDirectory
 from recipes.translation import config, data
 from recipes.translation.model import build_model, loss_and_tokens
@@ -69,8 +69,12 @@ OPTIMIZERS = ("allreduce", "decentralized")
 
 
 def check(cfg: config.Config) -> None:
-    """Values that the dataclass types do not rule out; raises ConfigError before anything starts."""
+    """Values that the dataclass types do not rule out; raises ConfigError before anything starts.
+    ``cfg.optim`` becomes the resolved one (:func:`recipes.common.optim.resolved`)."""
     check_choice("optim.optimizer", cfg.optim.optimizer, OPTIMIZERS)
+    cfg.optim = resolved(
+        cfg.optim
+    )  # DecentralizedAdam's options as its setting holds them: the run keeps them
     mixed_precision(cfg.train.mixed_precision)  # raises for an unknown setting
     if not cfg.data.path:
         raise ConfigError("data.path is empty: give the data directory (data=DIR) or a hub name (wmt/wmt14)")
@@ -138,13 +142,8 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
     ).to(accelerator.device)
     set_seed(t.seed + 1000 * (rank + 1))
     optimizer: Any = build_optimizer(  # decentadam: DecentralizedAdam, or AdamW for the baseline
-        model, o.optimizer, lr=o.lr, weight_decay=o.weight_decay, betas_allreduce=o.betas_allreduce,
-        betas_decentralized=o.betas_decentralized, eps=o.eps, accum_steps=o.accum_steps,
-        second_moment=o.second_moment, v_every=o.v_every, intra_node=o.intra_node, topology=o.topology,
-        exchange=o.exchange, share_second_moment_every=o.share_second_moment_every, sync_steps=o.sync_steps,
-        local_world_size=o.local_world_size, world_size=world, timeout=t.timeout_s or None,
-        optimizer_class=optimizer_class,
-    )  # fmt: skip
+        model, o, world_size=world, timeout=t.timeout_s or None, optimizer_class=optimizer_class
+    )
     warmup = max(o.warmup_steps, 1)
     # Not prepared: Accelerate's scheduler wrapper would step it once per process and step.
     scheduler = torch.optim.lr_scheduler.LambdaLR(
