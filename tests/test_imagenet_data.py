@@ -203,7 +203,8 @@ def test_every_preset_loads_and_passes_the_checks() -> None:
     } <= set(config.PRESETS.names())
     for name in config.PRESETS.names():
         check(config.load(name, ["data=DIR"]))
-    paper = config.load("resnet50-imagenet-accumadam")
+    paper = config.load("resnet50-imagenet-accumadam", ["data=DIR"])
+    check(paper)  # the options resolved: the setting "accumadam" with a window of 8
     assert (paper.optim.lr, paper.optim.weight_decay, paper.optim.accum_steps) == (1.5e-3, 2.0**-15, 8)
     assert (paper.train.global_batch, paper.train.epochs, paper.optim.topology) == (1024, 90.0, "aer")
     baseline = config.load("resnet50-imagenet-allreduce")

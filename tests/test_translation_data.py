@@ -15,6 +15,7 @@ pytest.importorskip("tokenizers", reason="the translation recipe needs pip insta
 pytest.importorskip("transformers", reason="the translation recipe needs pip install '.[recipes]'")
 
 from recipes.common.launch import environment
+from recipes.common.optim import resolved
 from recipes.translation import compare, config, data, synthetic, train
 
 
@@ -132,7 +133,7 @@ def test_presets_load_and_the_effective_config_round_trips(tmp_path: Path) -> No
     assert (base.model.layers, base.model.d_model, base.model.ffn_dim, base.model.heads) == (6, 512, 2048, 8)
     assert base.optim.lr == 7e-4 and base.optim.warmup_steps == 4000 and base.optim.eps == 1e-9
     assert base.optim.betas_allreduce == (0.9, 0.98) and base.optim.betas_decentralized == (0.9, 0.999)
-    assert base.optim.accum_steps == 4 and base.optim.label_smoothing == 0.1
+    assert resolved(base.optim).accum_steps == 4 and base.optim.label_smoothing == 0.1
     assert base.train.global_tokens == 25000 and base.model.dropout == 0.1
     big = config.load("wmt14-en-fr-big")
     assert (big.model.d_model, big.model.ffn_dim, big.model.heads, big.data.tgt) == (1024, 4096, 16, "fr")

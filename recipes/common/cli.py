@@ -1,7 +1,7 @@
 """The command line of a recipe's ``train.py``, and bad input reported as one line.
 
 Every recipe takes the same flags: ``--preset NAME`` (a file of the recipe's ``presets/`` or a
-``.toml`` path), the shortcuts ``--optimizer``, ``--topology``, ``--accum-steps``,
+``.toml`` path), the shortcuts ``--optimizer``, ``--setting``, ``--topology``, ``--accum-steps``,
 ``--local-world-size`` and ``--output-dir`` for the ``optim.*`` and ``train.output_dir`` settings,
 ``--resume [auto|must]`` (a bare ``--resume`` is ``must``; see
 :meth:`recipes.common.run.RunDirectory.resume_from`), and ``section.key=value`` overrides before or
@@ -41,6 +41,9 @@ def parse(
     )
     parser.add_argument("--preset", required=True, help=f"one of {', '.join(presets.names())}, or a .toml")
     parser.add_argument("--optimizer", choices=optimizers, help="default: the preset's optim.optimizer")
+    parser.add_argument(
+        "--setting", help="DecentralizedAdam's setting, a name of decentadam.SETTINGS (optim.setting)"
+    )
     parser.add_argument("--topology", help="decentralized graph (optim.topology)")
     parser.add_argument("--accum-steps", type=int, help="AccumAdam window s (optim.accum_steps)")
     parser.add_argument("--local-world-size", type=int, help="ranks per node (optim.local_world_size)")
@@ -66,6 +69,7 @@ def parse(
     args = parser.parse_intermixed_args(given)  # overrides may come before and after flags
     flags = {
         "optim.optimizer": args.optimizer,
+        "optim.setting": args.setting,
         "optim.topology": args.topology,
         "optim.accum_steps": args.accum_steps,
         "optim.local_world_size": args.local_world_size,

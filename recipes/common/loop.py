@@ -1,4 +1,6 @@
-"""Pieces of a recipe's training loop that mean the same in every recipe.
+"""Pieces of a recipe's training loop that mean the same in every recipe: the clock, the time limit,
+and the loop's tail: evaluating the consensus model, logging a step, finishing the run (saving is
+:meth:`recipes.common.run.RunDirectory.save`).
 
 Training time (``train_seconds`` in ``metrics.jsonl``, the time-based stop, items per second) is
 the wall time of the training loop minus its logging, evaluations and checkpoints: it includes
@@ -9,17 +11,31 @@ the loop starts the clock before it asks for its batches and stops it after the 
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from recipes.common.config import check_choice
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-__all__ = ["PRECISIONS", "TrainingClock", "mixed_precision", "out_of_time"]
+    from decentadam import CommStats
+
+__all__ = [
+    "PRECISIONS",
+    "TrainingClock",
+    "consensus",
+    "finish",
+    "log_step",
+    "mixed_precision",
+    "out_of_time",
+]
 
 PRECISIONS = ("auto", "no", "bf16", "fp16")
 
@@ -62,3 +78,64 @@ def out_of_time(accelerator: Accelerator, seconds: float, max_minutes: float) ->
         return False
     flag = torch.tensor([float(seconds >= 60 * max_minutes)], device=accelerator.device)
     return bool(accelerator.gather(flag).max() > 0)
+
+
+@contextlib.contextmanager
+def consensus(model: nn.Module, optimizer: Any, decentralized: bool) -> Iterator[None]:
+    """Evaluation mode without gradients, on the consensus model when ``decentralized`` (the exact
+    average over ranks: a collective; each rank's own weights come back on exit)."""
+    from decentadam.consensus import averaged
+
+    context = averaged(model, optimizer) if decentralized else contextlib.nullcontext(model)
+    with context, torch.no_grad():
+        model.eval()
+        try:
+            yield
+        finally:
+            model.train()
+
+
+def log_step(
+    accelerator: Accelerator,
+    progress: Any,
+    step: int,
+    values: dict[str, Any],
+    postfix: dict[str, str],
+    optimizer: Any | None,
+    since: CommStats | None,
+) -> CommStats | None:
+    """Log a step's ``values`` (TensorBoard) and ``postfix`` (the progress bar), with the peak GPU
+    memory and, for a decentralized ``optimizer`` (None: All-Reduce), the consensus distance and the
+    communication wait since ``since``: a collective. Returns the counters to pass as ``since`` next."""
+    from decentadam.consensus import metrics, unwrap_optimizer
+
+    if torch.cuda.is_available():
+        values["train/peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    if optimizer is not None:
+        health = metrics(optimizer, since=since)  # all-reduces a copy of the weights
+        since = unwrap_optimizer(optimizer).stats.snapshot()
+        values["decentadam/consensus_distance_rel"] = health["decentadam/consensus_distance_rel"]
+        values["decentadam/comm_wait_ms"] = health["decentadam/comm_wait_ms"]
+        postfix["consensus"] = f"{health['decentadam/consensus_distance_rel']:.1e}"
+    accelerator.log(values, step=step)
+    progress.set_postfix(postfix)
+    return since
+
+
+def finish(
+    accelerator: Accelerator, progress: Any, optimizer: Any | None, step: int, seconds: float, run: Path
+) -> None:
+    """End the run: close a decentralized ``optimizer`` (its last exchange finishes, its groups are
+    released), end the trackers and print the last line."""
+    from decentadam.consensus import unwrap_optimizer
+
+    progress.close()
+    if optimizer is not None:
+        unwrap_optimizer(optimizer).close()
+    accelerator.end_training()
+    peak = (
+        f", peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+        if torch.cuda.is_available()
+        else ""
+    )
+    accelerator.print(f"done: step {step}, {seconds:.0f} s of training{peak}; checkpoints in {run}")

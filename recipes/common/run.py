@@ -170,6 +170,27 @@ class RunDirectory:
         """Where the checkpoint after ``step`` optimizer steps goes."""
         return self.path / step_name(step)
 
+    def save(
+        self,
+        step: int,
+        model: Any,
+        optimizer: Any,
+        *,
+        scheduler: Any,
+        extra: dict[str, Any],
+        processor: Any,
+        keep_last: int,
+    ) -> None:
+        """Write the checkpoint after ``step`` (:func:`decentadam.checkpoint.save_checkpoint`: the
+        consensus model of a decentralized run, every rank's state, ``processor``; atomic), then keep
+        the newest ``keep_last`` (:meth:`prune`). Every rank calls it."""
+        from decentadam.checkpoint import save_checkpoint
+
+        save_checkpoint(
+            self.checkpoint(step), model, optimizer, scheduler=scheduler, extra=extra, processor=processor
+        )
+        self.prune(keep_last)
+
     def prune(self, keep_last: int) -> None:
         """Delete all but the newest ``keep_last`` checkpoints (0: keep all); every rank calls it."""
         if self.accelerator.is_main_process and keep_last > 0:

@@ -48,7 +48,6 @@ if not __package__:  # run as a file, `recipes` would not be importable
         "run python -m recipes.imagenet.train from the repository root"
     )
 
-import contextlib
 import math
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,7 @@ import torch.nn.functional as F
 
 from recipes.common import cli
 from recipes.common.config import ConfigError, check_choice, check_positive
-from recipes.common.loop import TrainingClock, mixed_precision, out_of_time
+from recipes.common.loop import TrainingClock, consensus, finish, log_step, mixed_precision, out_of_time
 from recipes.common.optim import ALGORITHMS, OPTIMIZERS, build_optimizer, is_decentralized, resolved
 from recipes.common.run import RunDirectory
 from recipes.imagenet import data
@@ -90,8 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
-    from decentadam.checkpoint import load_checkpoint, save_checkpoint
-    from decentadam.consensus import averaged, metrics
+    from decentadam.checkpoint import load_checkpoint
     from decentadam.distributed import init_restartable_process_group
     from decentadam.integrations.accelerate import prepare
 
@@ -174,9 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         """Top-1, top-5 and loss on the validation split, of the consensus model (averaged weights and
         BatchNorm statistics) when decentralized; every rank scores its share of the images."""
         totals = torch.zeros(4, dtype=torch.float64, device=device)  # top-1, top-5, loss sum, images
-        context = averaged(model, optimizer) if decentralized else contextlib.nullcontext()  # decentadam
-        with context, torch.no_grad():
-            model.eval()
+        with consensus(model, optimizer, decentralized):  # decentadam: the exact average over ranks
             for pixels, labels in data.loader(val_set, val_batches, d.num_workers, gpu):
                 pixels, labels = _to_device(pixels, labels, device, m.channels_last)
                 scores = logits(model, pixels).float()
@@ -185,7 +181,6 @@ def main(argv: list[str] | None = None) -> None:
                 totals[1] += (top5 == labels[:, None]).any(dim=1).sum()
                 totals[2] += F.cross_entropy(scores, labels, reduction="sum")
                 totals[3] += len(labels)
-            model.train()
         totals = accelerator.reduce(totals, reduction="sum")
         images = float(totals[3])
         return {
@@ -196,10 +191,15 @@ def main(argv: list[str] | None = None) -> None:
 
     def save() -> None:
         extra = {"step": step, "epoch": epoch, "batch": start_batch, "train_seconds": clock.seconds}
-        save_checkpoint(  # decentadam: the consensus model + every rank's own state
-            run.checkpoint(step), model, optimizer, scheduler=scheduler, extra=extra, processor=processor
+        run.save(  # decentadam: the consensus model + every rank's own state
+            step,
+            model,
+            optimizer,
+            scheduler=scheduler,
+            extra=extra,
+            processor=processor,
+            keep_last=t.keep_last,
         )
-        run.prune(t.keep_last)
 
     # 3. Train: log, evaluate and save on the way (off the training clock); once more at the end.
     progress = tqdm(total=max_steps, initial=step, disable=not accelerator.is_main_process, unit="step")
@@ -241,20 +241,13 @@ def main(argv: list[str] | None = None) -> None:
                     "train/epoch": epoch + start_batch / steps_per_epoch,
                     "train/seconds": clock.seconds,
                 }
-                if gpu:
-                    values["train/peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
                 postfix = {
                     "loss": f"{values['train/loss']:.3f}",
                     "img/s": f"{values['train/images_per_s']:.0f}",
                 }
-                if decentralized:
-                    health = metrics(optimizer, since=since)  # decentadam: a collective, every rank calls it
-                    since = optimizer.optimizer.stats.snapshot()
-                    values["decentadam/consensus_distance_rel"] = health["decentadam/consensus_distance_rel"]
-                    values["decentadam/comm_wait_ms"] = health["decentadam/comm_wait_ms"]
-                    postfix["consensus"] = f"{health['decentadam/consensus_distance_rel']:.1e}"
-                accelerator.log(values, step=step)
-                progress.set_postfix(postfix)
+                since = log_step(  # decentadam: consensus distance and communication wait, a collective
+                    accelerator, progress, step, values, postfix, optimizer if decentralized else None, since
+                )
                 loss_sum.zero_()
                 batches_seen = images_seen = 0
                 window_start = clock.seconds
@@ -278,14 +271,8 @@ def main(argv: list[str] | None = None) -> None:
             clock.start()
         else:
             epoch, start_batch = epoch + 1, 0
-    progress.close()
-    if decentralized:
-        optimizer.optimizer.close()  # decentadam: let the last exchange finish, release its groups
-    accelerator.end_training()
-    peak = f", peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if gpu else ""
-    accelerator.print(
-        f"done: step {step}, {clock.seconds:.0f} s of training{peak}; checkpoints in {run.path}"
-    )
+    # decentadam: the last exchange finishes and the exchange groups are released
+    finish(accelerator, progress, optimizer if decentralized else None, step, clock.seconds, run.path)
 
 
 def _to_device(

@@ -56,7 +56,7 @@ import torch
 
 from recipes.common import cli
 from recipes.common.config import ConfigError, check_choice, check_positive
-from recipes.common.loop import TrainingClock, mixed_precision, out_of_time
+from recipes.common.loop import TrainingClock, consensus, finish, log_step, mixed_precision, out_of_time
 from recipes.common.optim import build_optimizer, resolved
 from recipes.common.run import RunDirectory
 from recipes.translation import config, data
@@ -93,8 +93,7 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
     from accelerate.utils import InitProcessGroupKwargs, set_seed
     from tqdm.auto import tqdm
 
-    from decentadam.checkpoint import load_checkpoint, save_checkpoint
-    from decentadam.consensus import averaged, metrics
+    from decentadam.checkpoint import load_checkpoint
     from decentadam.distributed import init_restartable_process_group
     from decentadam.integrations.accelerate import prepare
 
@@ -166,25 +165,21 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
 
     def evaluate() -> float:
         """Validation NLL per target token, of the consensus model (the exact average over ranks)."""
-        context = averaged(model, optimizer) if decentralized else contextlib.nullcontext()  # decentadam
         totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
-        with context, torch.no_grad():
-            model.eval()
+        with consensus(model, optimizer, decentralized):  # decentadam: the exact average over ranks
             for _, batch in data.iterate(val_set, val_batches, pad_id):
                 batch = {k: v.to(accelerator.device) for k, v in batch.items()}
                 _, nll, tokens = loss_and_tokens(model, batch, 0.0)
                 totals += torch.stack([nll.double(), tokens.double()])
-            model.train()
         totals = accelerator.reduce(totals, reduction="sum")
         return float(totals[0] / totals[1])
 
     def save() -> None:
         extra = {"step": step, "epoch": epoch, "batch": start_batch, "train_seconds": clock.seconds}
-        save_checkpoint(  # decentadam: the consensus model, every rank's state, the tokenizer; atomic
-            run.checkpoint(step), model, optimizer, scheduler=scheduler, extra=extra,
-            processor=run.saving(tokenizer),
+        run.save(  # decentadam: the consensus model, every rank's state, the tokenizer; atomic
+            step, model, optimizer, scheduler=scheduler, extra=extra, processor=run.saving(tokenizer),
+            keep_last=t.keep_last,
         )  # fmt: skip
-        run.prune(t.keep_last)
 
     # 3. Training: one optimizer step per grad_accum micro-batches; log, evaluate and save on the way
     # (off the training clock).
@@ -235,20 +230,13 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
                     "train/lr": scheduler.get_last_lr()[0],
                     "train/seconds": clock.seconds,
                 }
-                if torch.cuda.is_available():
-                    values["train/peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
                 postfix = {
                     "loss": f"{values['train/loss']:.3f}",
                     "tok/s": f"{values['train/tokens_per_s']:.0f}",
                 }
-                if decentralized:
-                    health = metrics(optimizer, since=since)  # decentadam: all-reduces a copy of the weights
-                    since = optimizer.optimizer.stats.snapshot()
-                    values["decentadam/consensus_distance_rel"] = health["decentadam/consensus_distance_rel"]
-                    values["decentadam/comm_wait_ms"] = health["decentadam/comm_wait_ms"]
-                    postfix["consensus"] = f"{health['decentadam/consensus_distance_rel']:.1e}"
-                accelerator.log(values, step=step)
-                progress.set_postfix(postfix)
+                since = log_step(  # decentadam: consensus distance and communication wait, a collective
+                    accelerator, progress, step, values, postfix, optimizer if decentralized else None, since
+                )
                 window.zero_()
                 window_start = clock.seconds
                 stop = stop or out_of_time(accelerator, clock.seconds, t.max_minutes)
@@ -269,18 +257,8 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
             clock.start()
         else:
             epoch, start_batch = epoch + 1, 0
-    progress.close()
-    if decentralized:
-        optimizer.optimizer.close()  # decentadam: let the last exchange finish, release the exchange groups
-    accelerator.end_training()
-    peak = (
-        f", peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
-        if torch.cuda.is_available()
-        else ""
-    )
-    accelerator.print(
-        f"done: step {step}, {clock.seconds:.0f} s of training{peak}; checkpoints in {run.path}"
-    )
+    # decentadam: the last exchange finishes and the exchange groups are released
+    finish(accelerator, progress, optimizer if decentralized else None, step, clock.seconds, run.path)
 
 
 def first_step_report() -> str:
