@@ -42,6 +42,7 @@ from decentadam.topology import (
 __all__ = [
     "DEFAULT_SETTING",
     "EXCHANGES",
+    "FLAT_OPTIONS",
     "INTRA_NODE",
     "SECOND_MOMENTS",
     "SETTINGS",
@@ -54,6 +55,7 @@ __all__ = [
     "SecondMoment",
     "Setting",
     "make_setting",
+    "setting_of",
 ]
 
 Exchange = Literal["parameters", "bf16_updates"]
@@ -373,6 +375,26 @@ def make_setting(
     return dataclasses.replace(
         base, second_moment=moment, **{k: v for k, v in given.items() if v is not None}
     )
+
+
+FLAT_OPTIONS = (
+    "topology",
+    "exchange",
+    "average_every",
+    "intra_node",
+    "second_moment",
+    "v_every",
+    "share_second_moment_every",
+    "accum_steps",
+    "sync_steps",
+)
+"""The options a configuration holds flat, by the names of :func:`make_setting`'s keywords."""
+
+
+def setting_of(config: Any) -> Setting:
+    """:func:`make_setting` of a configuration's ``setting`` and its :data:`FLAT_OPTIONS` attributes
+    (the recipes' ``[optim]`` section, the Trainer's arguments, fairseq2's optimizer config)."""
+    return make_setting(config.setting, **{name: getattr(config, name) for name in FLAT_OPTIONS})
 
 
 def _with_parameters(

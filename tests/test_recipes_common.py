@@ -18,6 +18,7 @@ from torch import nn
 
 from decentadam import SETTINGS, DecentralizedAdam, GroupGradient, Setting, checkpoint_files
 from decentadam.collectives import SingleProcessCommunicator
+from decentadam.options import FLAT_OPTIONS
 from recipes.common import cli, launch, loop, optim, run
 from recipes.common.config import ConfigError, Presets, check_choice, check_positive
 
@@ -370,9 +371,7 @@ def test_the_recipes_share_one_optim_section(recipe: str) -> None:
     assert ours.moment_source.estimate_every == 3
     ours.close()
     unset = config.PRESETS.load(None, []).optim
-    assert {name: getattr(unset, name) for name in optim.SETTING_OPTIONS} == dict.fromkeys(
-        optim.SETTING_OPTIONS
-    )
+    assert {name: getattr(unset, name) for name in FLAT_OPTIONS} == dict.fromkeys(FLAT_OPTIONS)
     default = optim.build_optimizer(Block(), unset)  # unset options: the library's default setting
     assert isinstance(default, DecentralizedAdam) and default.setting == SETTINGS["default"]
     assert default.moment_source.estimate_every is None

@@ -37,14 +37,9 @@ import torch
 from torch import Tensor, nn
 
 from decentadam import Comm, DecentralizedAdam, make_setting
+from decentadam.options import FLAT_OPTIONS
 from decentadam.simulation import SimulatedCluster
-from recipes.common.optim import (
-    SETTING_OPTIONS,
-    OptimConfig,
-    build_optimizer,
-    decentralized_setting,
-    param_groups,
-)
+from recipes.common.optim import OptimConfig, build_optimizer, decentralized_setting, param_groups
 from recipes.translation import config, data
 from recipes.translation.model import build_model, loss_and_tokens
 
@@ -220,10 +215,10 @@ def node_size(local_world_size: int, workers: int, node_sums: bool) -> int:
 
 def setting_options(options: dict[str, Any]) -> dict[str, Any]:
     """The options of a Setting among ``options`` (``local_world_size`` is the layout's, not its)."""
-    unknown = set(options) - {*SETTING_OPTIONS, "local_world_size"}
+    unknown = set(options) - {*FLAT_OPTIONS, "local_world_size"}
     if unknown:
         raise ValueError(f"not options of DecentralizedAdam's setting: {', '.join(sorted(unknown))}")
-    return {name: value for name, value in options.items() if name in SETTING_OPTIONS}
+    return {name: value for name, value in options.items() if name in FLAT_OPTIONS}
 
 
 def load_class(path: str) -> type[DecentralizedAdam]:

@@ -62,7 +62,7 @@ from decentadam import checkpoint_files as files
 from decentadam.consensus import averaged
 from decentadam.decentralized import DecentralizedAdam
 from decentadam.optim.accum_adamw import AccumAdamW, make_defaults
-from decentadam.options import Comm, Setting, make_setting
+from decentadam.options import Comm, Setting, setting_of
 
 __all__ = [
     "ACCUM_ADAMW",
@@ -164,18 +164,7 @@ class DecentralizedAdamConfig(_AdamConfig):
 
     def to_setting(self) -> Setting:
         """The :class:`~decentadam.options.Setting` this config describes."""
-        return make_setting(
-            self.setting,
-            topology=self.topology,
-            exchange=self.exchange,
-            average_every=self.average_every,
-            intra_node=self.intra_node,
-            second_moment=self.second_moment,
-            v_every=self.v_every,
-            share_second_moment_every=self.share_second_moment_every,
-            accum_steps=self.accum_steps,
-            sync_steps=self.sync_steps,
-        )
+        return setting_of(self)
 
     def to_comm(self, process_group: torch.distributed.ProcessGroup | None = None) -> Comm:
         """The :class:`~decentadam.options.Comm` this config describes, over ``process_group``."""

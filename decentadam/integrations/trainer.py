@@ -51,7 +51,7 @@ from decentadam import checkpoint_files as files
 from decentadam.amp import SyncedGradScaler
 from decentadam.consensus import averaged, metrics, unwrap_optimizer
 from decentadam.decentralized import CommStats, DecentralizedAdam
-from decentadam.options import Comm, Setting, make_setting
+from decentadam.options import Comm, Setting, setting_of
 
 __all__ = ["DecentralizedArguments", "DecentralizedTrainer", "last_complete_checkpoint"]
 
@@ -111,18 +111,7 @@ class DecentralizedArguments:
 
     def to_setting(self) -> Setting:
         """The :class:`~decentadam.options.Setting` these arguments describe."""
-        return make_setting(
-            self.setting,
-            topology=self.topology,
-            exchange=self.exchange,
-            average_every=self.average_every,
-            intra_node=self.intra_node,
-            second_moment=self.second_moment,
-            v_every=self.v_every,
-            share_second_moment_every=self.share_second_moment_every,
-            accum_steps=self.accum_steps,
-            sync_steps=self.sync_steps,
-        )
+        return setting_of(self)
 
     def to_comm(self) -> Comm:
         """The :class:`~decentadam.options.Comm` these arguments describe."""

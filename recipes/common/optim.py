@@ -54,18 +54,6 @@ __all__ = [
 OPTIMIZERS = ("allreduce", "decentralized", "a2cid2")
 ALGORITHMS = ("adamw", "sgd")
 Config = TypeVar("Config", bound="OptimConfig")
-SETTING_OPTIONS = (
-    "topology",
-    "exchange",
-    "average_every",
-    "intra_node",
-    "second_moment",
-    "v_every",
-    "share_second_moment_every",
-    "accum_steps",
-    "sync_steps",
-)
-"""DecentralizedAdam's options that ``[optim]`` holds flat (decentadam.options.make_setting)."""
 SENDS: Mapping[str, object] = MappingProxyType(
     {"exchange": "parameters", "intra_node": "gossip", "share_second_moment_every": 0, "sync_steps": 0}
 )
@@ -150,10 +138,10 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 
 def decentralized_setting(o: OptimConfig) -> Setting:
     """DecentralizedAdam's setting of ``o``; ConfigError with the library's message where refused."""
-    from decentadam.options import make_setting
+    from decentadam.options import setting_of
 
     try:
-        return make_setting(o.setting, **{name: getattr(o, name) for name in SETTING_OPTIONS})
+        return setting_of(o)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 
