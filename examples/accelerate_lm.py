@@ -156,7 +156,8 @@ def main() -> None:
 
     first_val = evaluate()
     accelerator.print(
-        f"{accelerator.num_processes} processes, topology {optimizer.topology.name}: val loss {first_val:.4f}"
+        f"{accelerator.num_processes} processes, topology {optimizer.optimizer.topology.name}: "
+        f"val loss {first_val:.4f}"
     )
     step, seconds, window = start_step, [], []
     while step < args.steps:

@@ -81,7 +81,7 @@ def test_the_simulated_ranks_send_bf16_updates_and_share_the_second_moment_when_
 def test_a_synchronous_warm_up_on_simulated_ranks_is_refused_by_name(tmp_path: Path) -> None:
     """Its steps wait for their exchange before the next simulated rank steps: say so before training."""
     corpus = synthetic.write(tmp_path / "corpus", train=200, val=16, test=6)
-    with pytest.raises(SystemExit, match=r"optim.sync_steps = 3: .* simulated ranks .* cannot do"):
+    with pytest.raises(SystemExit, match=r"sync_steps = 3: .* simulated ranks .* cannot do"):
         workers.main([
             "--preset", "demo-synthetic-en-de", "--data", str(corpus), "--workers", "2", "--steps", "1",
             "--optimizer", "decentralized", "--out", str(tmp_path / "run.json"),
