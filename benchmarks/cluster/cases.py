@@ -78,7 +78,7 @@ class Case:
     topology: str  # runtime-model name: all-reduce | complete | ring | one-peer-exp | aer
     straggler: bool = False
     overlap: str = "step"
-    """decentadam: DecentralizedAdam(overlap=...); "backward" updates from hooks, as decent-dp does."""
+    """decentadam: Comm(overlap=...); "backward" updates from hooks, as decent-dp does."""
     hierarchical: bool = True
     """decentadam: multi-node groups summed hierarchically (default) or by one flat ring."""
 

@@ -75,7 +75,7 @@ class WorkerSpec:
     iters: int = 12
     bucket_mb: float = 25.0
     overlap: str = "step"
-    """ours: DecentralizedAdam(overlap=...)."""
+    """ours: DecentralizedAdam(comm=Comm(overlap=...))."""
     hierarchical: bool = True
     """ours: multi-node groups summed hierarchically (the default) or by one flat ring (False)."""
     accum_steps: int = 4

@@ -47,7 +47,8 @@ DEFAULT = "default"
 
 @dataclass(frozen=True)
 class Method:
-    """A row of the grid: DecentralizedAdam's arguments (None: All-Reduce) and what it is."""
+    """A row of the grid: DecentralizedAdam's options, flat as the recipe's ``[optim]`` names them
+    (``decentadam.make_setting``; None: All-Reduce), and what it is."""
 
     options: dict[str, Any] | None
     about: str
