@@ -33,7 +33,15 @@ With ``Setting(intra_node="all_reduce")`` a rank's ``step()`` waits for its node
 ``start_gradient_sums()`` on every rank, in rank order, before any rank's ``step()`` (and keep
 ``overlap="step"``: in backward mode each bucket's hook waits for its sum during the backward).
 
-Collectives over every rank block until all ranks join, which one thread cannot do rank by rank:
+Steps that wait for their own exchange before returning (``Setting(sync_steps=W)``, a resumed
+optimizer's first step) need every member's step running at the same time: build the cluster with
+``concurrent=True`` and call each rank's ``step()`` from its own thread, which
+:meth:`SimulatedCluster.run` does (``cluster.run([opt.step for opt in optimizers])``); a wait then
+blocks until the other members have started the exchange (at most ``timeout`` seconds), and
+``average_parameters()`` and ``consensus_distance()`` work from such threads too. Sums still add
+the members in rank order, so a run is the same whichever thread gets there first.
+
+Otherwise collectives over every rank block until all ranks join, which one thread cannot do rank by rank:
 use :meth:`SimulatedCluster.average` and :meth:`SimulatedCluster.consensus_distance` on all
 ranks' tensors at once instead of the optimizers' ``average_parameters()`` and
 ``consensus_distance()``, which raise here.
@@ -41,8 +49,9 @@ ranks' tensors at once instead of the optimizers' ``average_parameters()`` and
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -64,10 +73,20 @@ class _Exchange:
     twice (``exchange="bf16_updates"`` on 4 gloo ranks stays within 1e-3 of this, see the tests)."""
 
     group: Group
+    cluster: SimulatedCluster
     tensors: dict[int, Tensor] = field(default_factory=dict)
     done: bool = False
 
     def finish(self, waiting_rank: int) -> None:
+        with self.cluster._lock:
+            if self.cluster.concurrent:  # the other members start it from their own threads
+                self.cluster._lock.wait_for(
+                    lambda: len(self.tensors) == len(self.group) or self.cluster._failed,
+                    timeout=self.cluster.timeout,
+                )
+            self._finish(waiting_rank)
+
+    def _finish(self, waiting_rank: int) -> None:
         if self.done:
             return
         missing = [rank for rank in self.group if rank not in self.tensors]
@@ -100,10 +119,13 @@ class _SimulatedHandle:
 class SimulatedCluster:
     """The in-memory meeting point of ``world_size`` simulated ranks (see the module docstring)."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, concurrent: bool = False, timeout: float = 600.0) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.world_size = world_size
+        self.concurrent, self.timeout = concurrent, timeout
+        self._lock = threading.Condition()
+        self._failed = False  # a rank's thread raised: the others stop waiting for it
         # (group, k) -> the k-th exchange over that group; each rank counts its own calls per group
         self._exchanges: dict[tuple[Group, int], _Exchange] = {}
         self._calls: list[dict[Group, int]] = [defaultdict(int) for _ in range(world_size)]
@@ -119,20 +141,53 @@ class SimulatedCluster:
     def _group_sum(self, rank: int, tensor: Tensor, group: Group) -> Handle:
         if rank not in group:
             raise ValueError(f"rank {rank} is not a member of group {group}")
-        k = self._calls[rank][group]
-        self._calls[rank][group] = k + 1
-        exchange = self._exchanges.setdefault((group, k), _Exchange(group))
-        exchange.tensors[rank] = tensor
-        if len(exchange.tensors) == len(group):  # every member has started it: no longer needed here
-            del self._exchanges[(group, k)]
+        with self._lock:
+            k = self._calls[rank][group]
+            self._calls[rank][group] = k + 1
+            exchange = self._exchanges.setdefault((group, k), _Exchange(group, self))
+            exchange.tensors[rank] = tensor
+            if len(exchange.tensors) == len(group):  # every member has started it: no longer needed here
+                del self._exchanges[(group, k)]
+            self._lock.notify_all()
         return _SimulatedHandle(exchange, rank)
 
+    def run(self, work: Sequence[Callable[[], None]]) -> None:
+        """``concurrent=True``: run ``work[rank]`` (one rank's ``step()``, say) for every rank at once,
+        each in its own thread, and return when all have; the first error is raised here."""
+        if not self.concurrent:
+            raise RuntimeError("SimulatedCluster.run needs SimulatedCluster(..., concurrent=True)")
+        errors: list[BaseException] = []
+
+        def call(fn: Callable[[], None]) -> None:
+            try:
+                fn()
+            except BaseException as error:  # re-raised in the caller's thread
+                errors.append(error)
+                with self._lock:
+                    self._failed = True
+                    self._lock.notify_all()
+
+        threads = [threading.Thread(target=call, args=(fn,), daemon=True) for fn in work]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
     def _broadcast(self, rank: int, tensor: Tensor, src: int) -> None:
+        with self._lock:
+            self._broadcast_locked(rank, tensor, src)
+
+    def _broadcast_locked(self, rank: int, tensor: Tensor, src: int) -> None:
         if rank == src:
             self._broadcasts[src].append(tensor.detach().clone())
+            self._lock.notify_all()
             return
         index = self._broadcasts_read[rank]
         sent = self._broadcasts[src]
+        if self.concurrent:
+            self._lock.wait_for(lambda: index < len(sent) or self._failed, timeout=self.timeout)
         if index >= len(sent):
             raise RuntimeError(
                 f"simulated rank {rank} receives broadcast #{index} from rank {src}, which has not sent "
@@ -174,6 +229,9 @@ class SimulatedCommunicator:
         self.cluster._broadcast(self.rank, tensor, src)
 
     def world_sum(self, tensor: Tensor) -> None:
+        if self.cluster.concurrent:  # the other ranks join from their own threads
+            self.group_sum(tensor, tuple(range(self.world_size))).wait()
+            return
         raise RuntimeError(
             "a sum over every simulated rank would block this rank until the others join, which one "
             "thread cannot do: use SimulatedCluster.average() or SimulatedCluster.consensus_distance() "

@@ -77,6 +77,7 @@ CONFIGS_4 = [
     ("one-peer-exp+avg4", 1, 1, "resume:step", "global+bf16"),  # r and P from the state: exact resume
     ("one-peer-exp+avg4", 1, 1, "backward", "global"),
     ("aer+avg4", 2, 1, "step", "node+global+bf16"),  # 2 nodes of 2: N = 2 in the correction
+    ("one-peer-exp+avg4", 1, 1, "sync30:step", "global+bf16"),  # every step mixed before returning
 ]
 CONFIGS_8 = [
     ("complete", 1, 4, "step", "local"),
@@ -427,6 +428,9 @@ def simulate(
                         v = torch.maximum(corrected, v / noise_ranks)
                     own.append(v.to(torch.bfloat16))
                 estimates.append(own)
+    if 1 <= STEPS <= sync_steps:  # the last step mixes before returning too
+        for rank, row in enumerate(mix(STEPS)):
+            torch.nn.utils.vector_to_parameters(row, models[rank].parameters())
     return torch.stack([flat(m) for m in models])
 
 

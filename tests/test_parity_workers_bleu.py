@@ -78,12 +78,21 @@ def test_the_simulated_ranks_send_bf16_updates_and_share_the_second_moment_when_
     assert curves["shared"] != curves["bf16_updates"]  # the floor V / N**2 from step 1, A from step 2
 
 
-def test_a_synchronous_warm_up_on_simulated_ranks_is_refused_by_name(tmp_path: Path) -> None:
-    """Its steps wait for their exchange before the next simulated rank steps: say so before training."""
+def test_a_synchronous_warm_up_runs_on_simulated_ranks_in_threads(tmp_path: Path) -> None:
+    """Steps that wait for their own exchange run with every simulated rank in its own thread: on the
+    complete graph each such step leaves every rank at the mean (no consensus distance), and the
+    overlapped run differs."""
     corpus = synthetic.write(tmp_path / "corpus", train=200, val=16, test=6)
-    with pytest.raises(SystemExit, match=r"sync_steps = 3: .* simulated ranks .* cannot do"):
+    runs = {}
+    for sync in (0, 3):
+        out = tmp_path / f"sync{sync}.json"
         workers.main([
-            "--preset", "demo-synthetic-en-de", "--data", str(corpus), "--workers", "2", "--steps", "1",
-            "--optimizer", "decentralized", "--out", str(tmp_path / "run.json"),
-            f"data.cache_dir={tmp_path / 'cache'}", *TINY, "optim.sync_steps=3",
+            "--preset", "demo-synthetic-en-de", "--data", str(corpus), "--workers", "4", "--steps", "3",
+            "--eval-every", "1", "--optimizer", "decentralized", "--out", str(out),
+            f"data.cache_dir={tmp_path / 'cache'}", *TINY, "optim.topology=complete",
+            f"optim.sync_steps={sync}",
         ])  # fmt: skip
+        runs[sync] = json.loads(out.read_text())["curve"]
+    assert [p["consensus_distance_rel"] for p in runs[3]] == [0.0, 0.0, 0.0]
+    assert all(p["consensus_distance_rel"] > 0 for p in runs[0])
+    assert [p["valid_nll"] for p in runs[3]] != [p["valid_nll"] for p in runs[0]]

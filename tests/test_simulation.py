@@ -27,13 +27,15 @@ from tests.test_decentralized import (
     parse_topology,
     second_moment_args,
     simulate,
+    sync_of,
 )
 
 
 def run_simulated(
     world_size: int, name: str, local_world_size: int, accum_steps: int, overlap: str, second_moment: str
 ) -> tuple[torch.Tensor, list[DecentralizedAdam], list[torch.nn.Module]]:
-    cluster = SimulatedCluster(world_size)
+    sync_steps = sync_of(overlap)  # steps that wait for their own exchange: every rank in a thread
+    cluster = SimulatedCluster(world_size, concurrent=bool(sync_steps), timeout=60)
     models = [make_model(seed=100 + rank) for rank in range(world_size)]  # rank 0's weights must win
     name, average_every = parse_topology(name)
     optimizers = [
@@ -44,7 +46,10 @@ def run_simulated(
             eps=EPS,
             accum_steps=accum_steps,
             setting=make_setting(
-                **second_moment_args(second_moment), topology=name, average_every=average_every
+                **second_moment_args(second_moment),
+                topology=name,
+                average_every=average_every,
+                sync_steps=sync_steps,
             ),
             comm=Comm(
                 local_world_size=local_world_size,
@@ -61,19 +66,23 @@ def run_simulated(
             loss_of(model, rank, step).backward()
         for optimizer in optimizers:  # intra_node="all_reduce": every node's sum started before a rank waits
             optimizer.start_gradient_sums()
-        for optimizer in optimizers:
-            optimizer.step()
+        if cluster.concurrent:
+            cluster.run([optimizer.step for optimizer in optimizers])
+        else:
+            for optimizer in optimizers:
+                optimizer.step()
     return torch.stack([flat(m) for m in models]), optimizers, models
 
 
-# Resumes are left out: a resumed rank's first step exchanges its weights and waits for them at once,
-# which needs the other ranks running at the same time (module docstring of decentadam.simulation);
-# so are the node-averaged gradients in backward mode, which each bucket's hook sums and waits for.
+# Resumes are left out: a resumed rank's first step exchanges its weights and waits for them at once
+# (a concurrent cluster could run it, but the rebuild is the gloo tests' business); so are the
+# node-averaged gradients in backward mode, which each bucket's hook sums and waits for. Synchronous
+# steps ("syncW:") run every rank's step in its own thread (SimulatedCluster(concurrent=True)).
 CONFIGS = [
     (n, c)
     for n, configs in ((4, CONFIGS_4), (8, CONFIGS_8))
     for c in configs
-    if ":" not in c[3] and not (c[4].startswith("node+") and c[3] == "backward")
+    if not c[3].startswith(("resume:", "reload:")) and not (c[4].startswith("node+") and "backward" in c[3])
 ]
 
 
@@ -81,7 +90,7 @@ CONFIGS = [
 def test_simulated_cluster_matches_the_independent_simulation(world_size: int, config: Config) -> None:
     name, local_world_size, accum_steps, _, second_moment = config
     got, optimizers, models = run_simulated(world_size, *config)
-    expected = simulate(name, world_size, local_world_size, accum_steps, second_moment)
+    expected = simulate(name, world_size, local_world_size, accum_steps, second_moment, sync_of(config[3]))
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
     per_rank = [list(m.parameters()) for m in models]
     mean = torch.cat([t.reshape(-1) for t in SimulatedCluster.average(per_rank)])

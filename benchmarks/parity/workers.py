@@ -260,12 +260,8 @@ def train(
         # the ranks of a node average their gradients first
         nodes_of = node_size(o.local_world_size, args.workers, setting.intra_node == "all_reduce")
         local_world_size = given.get("local_world_size", nodes_of)
-        if setting.sync_steps:
-            raise SystemExit(
-                f"sync_steps = {setting.sync_steps}: its steps wait for their exchange before the next rank "
-                "steps, which simulated ranks (one process, ranks in turn) cannot do; run the recipe on "
-                "processes for it, or set optim.sync_steps=0"
-            )
+        if setting.sync_steps:  # steps that wait for their own exchange: every rank steps in a thread
+            cluster = SimulatedCluster(args.workers, concurrent=True)
     for rank, model in enumerate(models):
         model.train()
         if decentralized:
@@ -305,8 +301,11 @@ def train(
                 step_losses.append(world.backward(rank, model))
             for opt in optimizers:  # intra_node="all_reduce": every node's sum starts before any
                 opt.start_gradient_sums()  # rank waits for its own (a no-op otherwise)
-            for opt in optimizers:  # lock step, in rank order
-                opt.step()
+            if cluster.concurrent:
+                cluster.run([opt.step for opt in optimizers])
+            else:
+                for opt in optimizers:  # lock step, in rank order
+                    opt.step()
         else:
             model = models[0]
             params = [p for p in model.parameters() if p.requires_grad]
