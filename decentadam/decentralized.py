@@ -184,7 +184,8 @@ class DecentralizedAdam(Optimizer):
             self._gradient_sums = GroupGradients(link, self, self._buckets, v_every)
         share_every = self.setting.share_every if nodes else 0
         if isinstance(self.setting.second_moment, Global) and self.world_size > len(self._node):
-            self._moments = MomentShares(link, self, self._buckets, 0, self._source.noise_ranks)
+            floored = self.setting.second_moment.floored
+            self._moments = MomentShares(link, self, self._buckets, 0, self._source.noise_ranks, floored)
         elif share_every and self.topology.world_size > len(self._node):
             self._moments = MomentShares(link, self, self._buckets, share_every, None)
 

@@ -121,8 +121,11 @@ class GroupGradient:
 @dataclass(frozen=True)
 class Global:
     """The ranks' :class:`AllRanks` estimates averaged at the exact averages over all ranks (needs
-    ``average_every`` or the complete topology), the floor lowered to ``V / n**2``."""
+    ``average_every`` or the complete topology), the floor lowered to ``V / n**2``. ``floored``:
+    each rank floors its estimate at ``V / n`` before the average (False: the raw estimates, which
+    average without that bias, are averaged and only the mean is floored, at ``V / n**2``)."""
 
+    floored: bool = True
     name: ClassVar[str] = "global"
 
 

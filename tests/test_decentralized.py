@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from decentadam import Comm, DecentralizedAdam, Setting, make_setting
+from decentadam import Comm, DecentralizedAdam, Global, Setting, make_setting
 from decentadam.collectives import ProcessGroupCommunicator
 from decentadam.simulation import SimulatedCluster
 from decentadam.topology import build, changing_groups, over_nodes, with_global_average
@@ -150,7 +150,7 @@ def second_moment_args(second_moment: str) -> dict[str, Any]:
     """The optimizer's keyword arguments of a config's ``second_moment`` (:func:`parse_second_moment`)."""
     name, every, node, share, bf16 = parse_second_moment(second_moment)
     return {
-        "second_moment": name,
+        "second_moment": Global(floored=False) if name == "global_raw" else name,
         **({"v_every": every} if every else {}),
         **({"intra_node": "all_reduce"} if node else {}),
         **({"share_second_moment_every": share} if share is not None else {}),
@@ -389,7 +389,7 @@ def simulate(
                 for j, p in enumerate(model.parameters()):
                     s, g = state[rank][j], grads[rank][j]
                     p.mul_(1 - LR * decay[j])
-                    if kind in ("all_ranks", "group_gradient", "global"):
+                    if kind in ("all_ranks", "group_gradient", "global", "global_raw"):
                         if t > 1:
                             deviation = g - s["M"] / (1 - beta1 ** (t - 1))
                             s["S"] = beta2 * s["S"] + (1 - beta2) * (1 + beta1) / 2 * deviation**2
@@ -417,7 +417,7 @@ def simulate(
                         s["b"] = 0.0
         if share_every and (step + 1) % share_every == 0:  # with the parameters, to the nodes' next group
             shared = [[st["A"].to(torch.bfloat16) for st in state[rank]] for rank in range(world_size)]
-        if kind == "global" and len(groups.group_of(0, step + 1)) == world_size:  # each rank's own v
+        if kind.startswith("global") and len(groups.group_of(0, step + 1)) == world_size:  # own v
             estimates = []
             for rank in range(world_size):
                 own = []
@@ -425,7 +425,7 @@ def simulate(
                     v = st["V"] / (1 - beta2**t)
                     if t > 1 and noise_ranks > 1:
                         corrected = v - (1 - 1 / noise_ranks) * st["S"] / (1 - beta2 ** (t - 1))
-                        v = torch.maximum(corrected, v / noise_ranks)
+                        v = corrected if kind == "global_raw" else torch.maximum(corrected, v / noise_ranks)
                     own.append(v.to(torch.bfloat16))
                 estimates.append(own)
     if 1 <= STEPS <= sync_steps:  # the last step mixes before returning too
@@ -649,6 +649,7 @@ def test_bf16_updates_equal_the_simulation_in_one_process(name: str, second_mome
         ("one-peer-exp+avg4", 1, "global"),
         ("one-peer-exp+avg4", 1, "global+bf16"),
         ("complete", 1, "global"),
+        ("one-peer-exp+avg4", 1, "global_raw+bf16"),  # the raw estimates averaged, only P floored
         ("aer+avg4", 2, "node+global+bf16"),
     ],
 )

@@ -39,7 +39,11 @@ from typing import Any
 from torch import Tensor
 
 from decentadam.collectives import Handle
+from decentadam.options import Global
 from decentadam.topology import Group
+
+ALWAYS = 10**9
+"""sync_steps that covers a whole run: every step waits for its exchange and mixes before returning."""
 
 DEFAULT = "default"
 """The method that is ``DecentralizedAdam(params, lr=...)`` with nothing else: ``is_default``."""
@@ -104,6 +108,20 @@ METHODS: dict[str, Method] = {
         "one-peer-exp, bf16 updates, exact average every 8 steps with the ranks' second moments",
     ),
     "complete": Method({"topology": "complete"}, "all_ranks on complete (an exact average every step)"),
+    **{
+        f"sync-{graph}-avg{every}{suffix}": Method(
+            {"topology": topology, "exchange": "bf16_updates", "average_every": every, "sync_steps": ALWAYS}
+            | ({"second_moment": moment} if moment is not None else {}),
+            f"{topology}, bf16 updates, exact average every {every} steps, every step mixed before the "
+            f"next gradient; {about}",
+        )
+        for graph, topology, every in (("exp", "one-peer-exp", 32), ("aer", "aer", 8))
+        for suffix, moment, about in (
+            ("", None, "all_ranks"),
+            ("-global", Global(), "the ranks' floored estimates averaged at the exact averages"),
+            ("-global-raw", Global(floored=False), "the ranks' raw estimates averaged, the mean floored"),
+        )
+    },
     "complete-global": Method(
         {"topology": "complete", "second_moment": "global"},
         "complete, the ranks' second moments averaged every step",
@@ -243,7 +261,7 @@ def run(argv: list[str]) -> None:
         "optimizer_bytes_sent_per_step": (
             sum(s["bytes_sent"] for s in result["stats"]) / ranks / args.steps if result["stats"] else None
         ),
-        "options": options,
+        "options": {k: v if isinstance(v, int | float | str) else repr(v) for k, v in options.items()},
         "command": shlex.join([sys.executable, "-m", "benchmarks.parity.scale", "run", *argv]),
         "code": code_commit(),
         "curve": [{"step": p["step"], "valid_nll": p["valid_nll"]} for p in result["curve"]],

@@ -75,8 +75,9 @@ class MomentShares:
         buckets: Sequence[Bucket],
         every: int,
         global_ranks: int | None,
+        floored: bool = True,
     ) -> None:
-        self.link, self.optimizer, self.every = link, optimizer, every
+        self.link, self.optimizer, self.every, self.floored = link, optimizer, every, floored
         self.global_ranks = global_ranks  # n of the ranks' own estimates (global); None: the nodes' A
         self._shares = {id(b): _Share.of(b) for b in buckets}
 
@@ -93,7 +94,7 @@ class MomentShares:
                 if "exp_avg_sq" not in st:  # no gradient yet on this rank: no estimate to give
                     view.zero_()
                 else:
-                    view.copy_(corrected_second_moment(st, beta2, self.global_ranks))
+                    view.copy_(corrected_second_moment(st, beta2, self.global_ranks, self.floored))
         elif step % self.every or len(group) == 1:
             return
         else:

@@ -198,16 +198,19 @@ def check_group(group: dict[str, Any]) -> None:
         )
 
 
-def corrected_second_moment(st: dict[str, Any], beta2: float, n: int) -> Tensor:
+def corrected_second_moment(st: dict[str, Any], beta2: float, n: int, floored: bool = True) -> Tensor:
     """The second moment a rank of ``noise_ranks = n`` divides by on its own, from its state after a
     step: ``max(v - (1 - 1/n) s, v / n)`` (bias-corrected; ``v`` alone after the first step or with
-    ``n = 1``). A new tensor: what ranks average into a shared ``P`` (:class:`MomentSource`)."""
+    ``n = 1``; ``floored=False``: ``v - (1 - 1/n) s``, which may be negative). A new tensor: what ranks
+    average into a shared ``P`` (:class:`MomentSource`)."""
     t = int(st["step"].item())
     second: Tensor = st["exp_avg_sq"].div(1.0 - beta2**t)
     noise_sq = st.get("noise_sq")
     if n == 1 or t < 2 or noise_sq is None:
         return second
     corrected = torch.add(second, noise_sq, alpha=-(1.0 - 1.0 / n) / (1.0 - beta2 ** (t - 1)))
+    if not floored:
+        return corrected
     return torch.maximum(corrected, second.div_(n), out=corrected)
 
 
