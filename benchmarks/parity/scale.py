@@ -115,7 +115,8 @@ METHODS: dict[str, Method] = {
             f"{topology}, bf16 updates, exact average every {every} steps, every step mixed before the "
             f"next gradient; {about}",
         )
-        for graph, topology, every in (("exp", "one-peer-exp", 32), ("aer", "aer", 8))
+        for graph, topology in (("exp", "one-peer-exp"), ("aer", "aer"))
+        for every in (4, 8, 16, 32)
         for suffix, moment, about in (
             ("", None, "all_ranks"),
             ("-global", Global(), "the ranks' floored estimates averaged at the exact averages"),
