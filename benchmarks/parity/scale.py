@@ -123,6 +123,16 @@ METHODS: dict[str, Method] = {
             ("-global-raw", Global(floored=False), "the ranks' raw estimates averaged, the mean floored"),
         )
     },
+    "sync-complete-global-raw": Method(
+        {
+            "topology": "complete",
+            "exchange": "bf16_updates",
+            "sync_steps": ALWAYS,
+            "second_moment": Global(floored=False),
+        },
+        "complete, bf16 updates, every step mixed before the next gradient, the ranks' raw second-moment "
+        "estimates averaged: All-Reduce but for the second moment's estimate and the updates' rounding",
+    ),
     "complete-global": Method(
         {"topology": "complete", "second_moment": "global"},
         "complete, the ranks' second moments averaged every step",
