@@ -1,7 +1,8 @@
 """benchmarks.time_to_quality: the link-rate solver, the run order, the load meter, the methods'
 arguments, the report on made-up runs (its JSON schema and numbers, the goals and the notes), BLEU in
 All-Reduce's time, argument errors, and (as root, with ``ip netns``) the whole command on a tiny model
-and corpus. The alternatives' own runs: tests/test_time_to_quality_alternatives.py."""
+and corpus. The alternatives' own runs: tests/test_time_to_quality_alternatives.py; the scale
+prediction: tests/test_time_to_quality_scale.py."""
 
 from __future__ import annotations
 

@@ -33,7 +33,8 @@ then reports how long each takes to reach the final validation loss of float32 D
 6. ``benchmarks/results/time_to_quality/time_to_quality.{md,json,png}`` (``curves`` analyses,
    ``notes`` judges the default's goals, ``report`` writes; thresholds in ``benchmarks.thresholds``).
 
-``--render JSON`` writes the report again from a run's JSON.
+``--render JSON`` writes the report again from a run's JSON; ``--predict-scale RUNS`` predicts each
+parity-grid method's time to quality at 16 and 32 nodes on the paper's cluster (``scale``).
 
 Time is the recipe's training time (``train_seconds`` in ``metrics.jsonl``: evaluation, logging
 and checkpoints excluded); ms per iteration is measured between the first and the last evaluation,

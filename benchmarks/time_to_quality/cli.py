@@ -1,6 +1,6 @@
 """``python -m benchmarks.time_to_quality``: calibrate, solve the link rate, train every method and
 seed on the emulated cluster in one invocation, score BLEU, write the report; or ``--render`` a
-report again from its JSON."""
+report again from its JSON, or ``--predict-scale`` from the parity grid's runs."""
 
 from __future__ import annotations
 
@@ -70,6 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["--render"]:
         return render(arguments[1:])
+    if arguments[:1] == ["--predict-scale"]:
+        from benchmarks.time_to_quality.scale import main as predict_scale
+
+        return predict_scale(arguments[1:])
     settings = parse_args(arguments)
     reason = missing_requirements()
     if reason is not None:

@@ -125,7 +125,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     parser.add_argument("--timeout-min", type=float, help="per training (default: 10 min + 20 s per step)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every method")
     parser.epilog = (
-        "python -m benchmarks.time_to_quality --render JSON [--out-dir DIR] writes a run's report again."
+        "python -m benchmarks.time_to_quality --render JSON [--out-dir DIR] writes a run's report again; "
+        "--predict-scale RUNS [--out-dir DIR] predicts time to quality at scale "
+        "(benchmarks.time_to_quality.scale)."
     )
     args = parser.parse_args(argv)
 
