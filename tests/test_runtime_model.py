@@ -498,3 +498,16 @@ def test_prediction_is_finite_for_large_clusters() -> None:
     cluster = Cluster(nodes=8, ranks_per_node=4, inter_bytes_per_s=25 * GBIT, intra_bytes_per_s=800 * GBIT)
     for p in predict_all(cluster, Workload(param_bytes=1.4e9, compute_s=0.18, update_s=0.01)):
         assert math.isfinite(p.iteration_s) and p.iteration_s >= 0.18
+
+
+def test_a_built_topology_is_predicted_as_its_name_is_and_must_fit_the_cluster() -> None:
+    from decentadam.options import Setting
+
+    cluster = Cluster(nodes=4, ranks_per_node=2, inter_bytes_per_s=125e6, intra_bytes_per_s=1e9)
+    work = Workload(param_bytes=100e6, compute_s=0.1)
+    assert predict(build("aer", 8, 2), cluster, work) == predict("aer", cluster, work)
+    averaged = Setting(topology="ring", average_every=4).schedule(8, 2)  # every 4th step all ranks
+    plain, every4 = predict("ring", cluster, work), predict(averaged, cluster, work)
+    assert every4.method == averaged.name and every4.inter_bytes_per_rank > plain.inter_bytes_per_rank
+    with pytest.raises(ValueError, match="of 4 ranks, the cluster of 8"):
+        predict(build("ring", 4, 2), cluster, work)

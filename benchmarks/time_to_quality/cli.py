@@ -1,12 +1,15 @@
-"""``python -m benchmarks.time_to_quality``: calibrate, solve the link rate, train every method on the
-emulated cluster, score BLEU, write the report; or ``--render`` a report again from its JSON."""
+"""``python -m benchmarks.time_to_quality``: calibrate, solve the link rate, train every method and
+seed on the emulated cluster in one invocation, score BLEU, write the report; or ``--render`` a
+report again from its JSON, or ``--predict-scale`` from the parity grid's runs."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -16,13 +19,14 @@ from typing import Any
 from benchmarks.cluster.linkprobe import probe
 from benchmarks.cluster.netns import ClusterSpec, EmulatedCluster, missing_requirements
 from benchmarks.machine import machine
-from benchmarks.time_to_quality.curves import comm_wait_ms, steady_ms_per_iter
+from benchmarks.time_to_quality.curves import steady_ms_per_iter
 from benchmarks.time_to_quality.launch import calibrate, train
-from benchmarks.time_to_quality.methods import BASELINE, METHODS, NODES, RANKS_PER_NODE
-from benchmarks.time_to_quality.rates import allreduce_comm_s, predictions, solve_rate_mbit
+from benchmarks.time_to_quality.methods import BASELINE, NODES, RANKS_PER_NODE, about, run_order
+from benchmarks.time_to_quality.rates import allreduce_comm_s, solve_rate_mbit
 from benchmarks.time_to_quality.report import fmt, summary, write_report
-from benchmarks.time_to_quality.settings import parse_args
-from decentadam.runtime_model import Cluster
+from benchmarks.time_to_quality.settings import Settings, parse_args
+from recipes.common.run import list_checkpoints
+from recipes.translation import config
 from recipes.translation.compare import bleu, curve
 
 logger = logging.getLogger("time-to-quality")
@@ -44,9 +48,21 @@ def render(argv: Sequence[str]) -> int:
         parser.error(f"{args.json}: cannot read the run's JSON ({error})")
     if not isinstance(report, dict) or not isinstance(report.get("runs"), dict):
         parser.error(f"{args.json}: not a time_to_quality.json (no 'runs')")
+    if any("seed" not in run for run in report["runs"].values()):
+        parser.error(f"{args.json}: a report of the earlier one-seed format (runs not keyed METHOD/seedN)")
     for path in write_report(report, args.out_dir or args.json.parent):
         print(f"wrote {path}")
     return 0
+
+
+def missing_decent_dp(settings: Settings) -> str | None:
+    """Why the decent-dp method cannot run here (None when it can or is not asked for)."""
+    if "decent-dp" in settings.methods and importlib.util.find_spec("decent_dp") is None:
+        return (
+            "decent-dp is not installed: pip install -e '.[bench]' (decent-dp 0.2.3, torch kept), or leave "
+            "decent-dp out of --methods"
+        )
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,99 +70,80 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["--render"]:
         return render(arguments[1:])
+    if arguments[:1] == ["--predict-scale"]:
+        from benchmarks.time_to_quality.scale import main as predict_scale
+
+        return predict_scale(arguments[1:])
     settings = parse_args(arguments)
     reason = missing_requirements()
     if reason is not None:
         print(f"error: the emulated cluster {reason}", file=sys.stderr)
         return 2
-    command = shlex.join([*COMMAND, *arguments])
+    reason = missing_decent_dp(settings)
+    if reason is not None:
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
     started = time.monotonic()
     settings.work_dir.mkdir(parents=True, exist_ok=True)
     logs = settings.work_dir / "logs"
     logs.mkdir(exist_ok=True)
+    optim = config.load(settings.preset, settings.recipe_overrides()).optim  # the preset's rate, warm-up
+    warmup = optim.warmup_steps
 
     logger.info("calibrating: %d ranks at once, no network", NODES * RANKS_PER_NODE)
     calibration = calibrate(settings, logs)
     compute_s, param_bytes = calibration["compute_s"], calibration["param_bytes"]
-    logger.info(
-        "C = %.0f ms (mean rank %.0f ms, forward %.0f%%), S = %.1f MB, AdamW %.0f ms, "
-        "DecentralizedAdam %.0f ms",
-        compute_s * 1e3,
-        calibration["compute_mean_s"] * 1e3,
-        calibration["forward_fraction"] * 100,
-        param_bytes / 1e6,
-        calibration["adamw_s"] * 1e3,
-        calibration["decentralized_s"] * 1e3,
-    )
+    logger.info("C = %.0f ms, S = %.1f MB", compute_s * 1e3, param_bytes / 1e6)
     if settings.link_mbit is not None:
-        rate, how = settings.link_mbit, settings.link_how
+        rate, how = settings.link_mbit, "--link-mbit"
     else:
         rate = solve_rate_mbit(compute_s, param_bytes, settings.comm_ratio)
-        how = f"solved: All-Reduce communication = {settings.comm_ratio:g} x C"
+        how = f"solved: DDP's communication = {settings.comm_ratio:g} x C"
     comm = allreduce_comm_s(rate, param_bytes)
-    print(
-        f"node link rate: {rate:g} Mbit/s ({how}; All-Reduce communicates {comm * 1e3:.0f} ms per "
-        f"iteration = {comm / compute_s:.2f} x C)",
-        flush=True,
-    )
+    print(f"node link rate: {rate:g} Mbit/s ({how}; DDP communicates {comm / compute_s:.2f} x C)", flush=True)
 
+    jobs = run_order(settings.methods, settings.seeds, settings.lrs or (optim.lr,))
+    grid = len(settings.lrs) > 1
+    trained: dict[str, dict[str, Any]] = {}
     report: dict[str, Any] = {
-        "command": command,
+        "command": shlex.join([*COMMAND, *arguments]),
         "preset": settings.preset,
         "data": settings.data,
         "overrides": list(settings.overrides),
         "steps": settings.steps,
         "eval_every": settings.eval_every,
+        "seeds": list(settings.seeds),
+        "lrs": list(settings.lrs or (optim.lr,)),
+        "best": settings.best,
         "nodes": NODES,
         "ranks_per_node": RANKS_PER_NODE,
+        "about": {name: about(name, settings.best, warmup) for name in settings.methods},
         "calibration": calibration,
         "link": {"rate_mbit": rate, "how": how, "allreduce_comm_s": comm, "comm_ratio": settings.comm_ratio},
-        "runs": {} if settings.baseline is None else {BASELINE: settings.baseline},
     }
     with EmulatedCluster(ClusterSpec(nodes=NODES, rate_mbit=rate, prefix=settings.prefix)) as cluster:
-        probes = {
+        report["probes"] = {
             "duplex": probe(cluster, [(0, 1), (1, 0)], rate / 8 * 2.0),  # ~2 s: past TCP's slow start
             "intra": probe(cluster, [(n, n) for n in range(NODES) for _ in range(RANKS_PER_NODE)], 100.0),
         }
-        for name, p in probes.items():
-            logger.info("%s: %.1f MB/s, %d bytes through tbf", name, p["bytes_per_s"] / 1e6, p["tbf_bytes"])
-        model_cluster = Cluster(
-            NODES,
-            RANKS_PER_NODE,
-            inter_bytes_per_s=probes["duplex"]["bytes_per_s"],
-            intra_bytes_per_s=probes["intra"]["bytes_per_s"],
-        )
-        report["probes"] = probes
         report["model_inputs"] = {
-            "inter_bytes_per_s": model_cluster.inter_bytes_per_s,
-            "intra_bytes_per_s": model_cluster.intra_bytes_per_s,
+            "inter_bytes_per_s": report["probes"]["duplex"]["bytes_per_s"],
+            "intra_bytes_per_s": report["probes"]["intra"]["bytes_per_s"],
         }
-        for name in settings.methods:
-            method = METHODS[name]
-            predicted = predictions(method, calibration, model_cluster)
-            logger.info(
-                "training %s: %d steps (predicted %.0f ms per step)", method.label, settings.steps,
-                predicted["iteration_ms"],
-            )  # fmt: skip
-            run = settings.work_dir / name
-            result = train(cluster, method, settings, run, logs)
-            result["predicted"] = predicted
-            result["curve"] = curve(run)
-            result["comm_wait_ms"] = comm_wait_ms(run)
-            report["runs"][name] = result
-            ms = steady_ms_per_iter(result["curve"])
-            logger.info("%s: %s ms per step, %.0f s wall", method.label, fmt(ms), result["wall_seconds"])
-
-    for name, result in report["runs"].items():
-        if result.get("from"):
-            continue  # scored in its own run
-        test = calibration["test"]  # the preset's test split and languages, as the recipe read them
-        bleu_command, scores = bleu(
-            settings.work_dir / name, settings.data, test["split"], test["src"], test["tgt"],
-            list(settings.bleu_args),
-        )  # fmt: skip
-        result["bleu_command"] = shlex.join(bleu_command)
-        result.update(scores)
+        for order, job in enumerate(jobs, start=1):
+            key = job.key(grid)
+            run = settings.work_dir / key.replace("/", "-")
+            logger.info("training %d/%d: %s, %d steps", order, len(jobs), key, settings.steps)
+            result = train(cluster, job, settings, run, logs, warmup)
+            result.update(order=order, run_dir=str(run), curve=curve(run))
+            trained[key] = result
+            logger.info("%s: %s ms per step, %.0f s wall", key, fmt(steady_ms_per_iter(result["curve"])),
+                        result["wall_seconds"])  # fmt: skip
+            if order == len(jobs) or jobs[order].seed != job.seed:  # the seed's trainings are done
+                score(trained, job.seed, settings, calibration["test"])
+    report["grid" if grid else "runs"] = trained
+    if grid:
+        report["runs"] = {}  # curves.analyse picks each method's rate
     report["elapsed_seconds"] = round(time.monotonic() - started, 1)
     report["machine"] = machine()
     paths = write_report(report, settings.out_dir)
@@ -154,3 +151,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in paths:
         print(f"wrote {path}")
     return 0
+
+
+def score(trained: dict[str, dict[str, Any]], seed: int, settings: Settings, test: dict[str, str]) -> None:
+    """BLEU of each run of ``seed``: of its final checkpoint (``bleu``) and of its last one within
+    DDP's training time with the same seed and rate (``bleu_in_allreduce_time``); then the run keeps
+    only those two checkpoints."""
+    runs = [r for r in trained.values() if r["seed"] == seed]
+    for run in runs:
+        directory = Path(run["run_dir"])
+        base = next(r for r in runs if r["method"] == BASELINE and r["lr"] == run["lr"])
+        limit = base["curve"][-1]["train_seconds"]
+        within = [p["step"] for p in run["curve"] if p["train_seconds"] <= limit]
+        command, scores = _bleu(directory, settings, test)
+        run.update(bleu_command=shlex.join(command), **scores)
+        keep = {run["curve"][-1]["step"]}
+        if run["curve"][-1]["train_seconds"] <= limit:
+            run["bleu_in_allreduce_time"] = scores.get("bleu")
+        elif within:
+            keep.add(within[-1])
+            later = [c for c in list_checkpoints(directory) if _step(c) > within[-1]]
+            aside = [c.with_name(f".{c.name}.aside") for c in later]
+            for source, target in zip(later, aside, strict=True):
+                source.rename(target)  # the run directory's last checkpoint is now the one in DDP's time
+            try:
+                _, early = _bleu(directory, settings, test)
+            finally:
+                for source, target in zip(aside, later, strict=True):
+                    source.rename(target)
+            run["bleu_in_allreduce_time"] = early.get("bleu")
+            run["bleu_in_allreduce_time_step"] = within[-1]
+        else:
+            run["bleu_in_allreduce_time"] = None  # not one evaluation within DDP's time
+        for checkpoint in list_checkpoints(directory):
+            if _step(checkpoint) not in keep:
+                shutil.rmtree(checkpoint)
+
+
+def _bleu(run: Path, settings: Settings, test: dict[str, str]) -> tuple[list[str], dict[str, Any]]:
+    return bleu(run, settings.data, test["split"], test["src"], test["tgt"], list(settings.bleu_args))
+
+
+def _step(checkpoint: Path) -> int:
+    return int(checkpoint.name.rsplit("-", 1)[1])

@@ -1,18 +1,21 @@
-"""What the runs' validation curves say: steady ms per iteration, the time (and steps) to reach a
-validation loss, every method against All-Reduce at each of its evaluated losses, and the goals."""
+"""What the runs' validation curves say: each run's steady ms per step, its time (and steps) to the
+final validation loss of All-Reduce with the same seed, and per method the mean and each seed's value.
+
+A run's time ratio to All-Reduce is its steps ratio (how many of All-Reduce's steps it needs for
+that loss: the optimizer's part) times its time-per-step ratio (the network's part, with the
+method's own computation), which is how the report separates the two.
+"""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from benchmarks.thresholds import MODEL_TOLERANCE, TTQ_BLEU_GAP, TTQ_TIME_RATIO
-from benchmarks.time_to_quality.methods import BASELINE, METHODS
+from benchmarks.time_to_quality.methods import BASELINE
 from recipes.translation.compare import time_to_reach
 
-__all__ = ["comm_wait_ms", "levels", "ratio", "steady_ms_per_iter", "time_to_reach"]
+__all__ = ["analyse", "choose_rates", "mean", "ratio", "steady_ms_per_iter", "time_to_reach"]
 
 
 def steady_ms_per_iter(points: Sequence[dict[str, float]]) -> float | None:
@@ -26,21 +29,6 @@ def steady_ms_per_iter(points: Sequence[dict[str, float]]) -> float | None:
     return 1e3 * (last["train_seconds"] - first["train_seconds"]) / (last["step"] - first["step"])
 
 
-def comm_wait_ms(run: Path) -> float | None:
-    """Mean time a rank blocked per step waiting for its exchanges (the recipe's
-    ``decentadam/comm_wait_ms``, logged to TensorBoard every ``log_every`` steps as a mean over ranks),
-    over a run's log windows; None for a run without it (All-Reduce)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    values: list[float] = []
-    for events in sorted((run / "tb").rglob("events.out.tfevents.*")):
-        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        accumulator.Reload()
-        if "decentadam/comm_wait_ms" in accumulator.Tags()["scalars"]:
-            values += [event.value for event in accumulator.Scalars("decentadam/comm_wait_ms")]
-    return statistics.fmean(values) if values else None
-
-
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
     """numerator / denominator, None when either is missing or the denominator is not positive."""
     if numerator is None or denominator is None or denominator <= 0:
@@ -48,114 +36,83 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
-def levels(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Time and steps each method takes to reach each of All-Reduce's evaluated validation losses.
+def mean(values: Sequence[float | None]) -> float | None:
+    """The mean, None when any value is missing (a seed that never reached the target) or none is given."""
+    if not values or any(v is None for v in values):
+        return None
+    return statistics.fmean(v for v in values if v is not None)
 
-    A method's time ratio to All-Reduce at a level is its steps ratio (how many more optimizer steps
-    it needs for that loss) times its time-per-step ratio (what the network costs it), which is how
-    the report separates the optimizer's part from the network's. Empty without an All-Reduce run.
-    """
-    baseline = runs.get(BASELINE)
-    if baseline is None:
-        return []
-    rows = []
-    for point in baseline["curve"]:
-        target = point["valid_nll"]
-        row: dict[str, Any] = {
-            "step": point["step"],
-            "valid_nll": target,
-            "train_seconds": point["train_seconds"],
-            "methods": {},
-        }
-        for name, run in runs.items():
-            seconds = time_to_reach(run["curve"], target)
-            steps = time_to_reach(run["curve"], target, key="step")
-            row["methods"][name] = {
-                "seconds": seconds,
-                "steps": steps,
-                "time_ratio": ratio(seconds, point["train_seconds"]),
-                "steps_ratio": ratio(steps, point["step"]),
-            }
-        rows.append(row)
-    return rows
+
+def choose_rates(grid: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
+    """From runs keyed ``METHOD/lr=X/seedN``: each method's rate with the lowest mean final validation
+    loss over the seeds, and its runs keyed ``METHOD/seedN``."""
+    finals: dict[tuple[str, float], list[float]] = {}
+    for run in grid.values():
+        finals.setdefault((run["method"], run["lr"]), []).append(run["curve"][-1]["valid_nll"])
+    chosen: dict[str, float] = {}
+    for method, lr in sorted(finals, key=lambda pair: statistics.fmean(finals[pair])):
+        chosen.setdefault(method, lr)
+    runs = {
+        f"{run['method']}/seed{run['seed']}": run
+        for run in grid.values()
+        if chosen[run["method"]] == run["lr"]
+    }
+    return runs, chosen
 
 
 def analyse(report: dict[str, Any]) -> dict[str, Any]:
-    """Add what the runs' curves and predictions imply: steady ms per iteration, time to All-Reduce's
-    final validation loss, ratios to All-Reduce, and the goals. Returns ``report`` (changed in place)."""
+    """Add to ``report`` (in place; returned) what the curves imply: per run its ms per step, final
+    loss and time, steps and ratios to its seed's All-Reduce target; per method (``methods``) the
+    means over seeds; ``goals`` and ``notes`` (:mod:`benchmarks.time_to_quality.notes`)."""
+    from benchmarks.time_to_quality.notes import goals
+
+    if report.get("grid"):
+        report["runs"], report["chosen_lr"] = choose_rates(report["grid"])
     runs: dict[str, dict[str, Any]] = report["runs"]
-    baseline = runs.get(BASELINE)
-    target = baseline["curve"][-1]["valid_nll"] if baseline and baseline["curve"] else None
-    report["target_valid_nll"] = target
     for run in runs.values():
         points = run["curve"]
         run["ms_per_iter"] = steady_ms_per_iter(points)
         run["train_seconds"] = points[-1]["train_seconds"] if points else None
         run["final_valid_nll"] = points[-1]["valid_nll"] if points else None
-        run["time_to_target_s"] = time_to_reach(points, target) if target is not None else None
-    if baseline is not None:
-        for run in runs.values():
-            run["time_ratio"] = ratio(run["time_to_target_s"], baseline["time_to_target_s"])
-            run["iter_ratio"] = ratio(run["ms_per_iter"], baseline["ms_per_iter"])
-            predicted = run.get("predicted")
-            base_predicted = baseline.get("predicted")
-            run["predicted_iter_ratio"] = (
-                ratio(predicted["iteration_ms"], base_predicted["iteration_ms"])
-                if predicted and base_predicted
-                else None
-            )
-    report["levels"] = levels(runs)
-    report["goals"] = goals(runs)
+        run["final_step"] = points[-1]["step"] if points else None
+    for run in runs.values():
+        base = runs.get(f"{BASELINE}/seed{run['seed']}")
+        target = base["final_valid_nll"] if base else None
+        run["target_valid_nll"] = target
+        seconds = time_to_reach(run["curve"], target) if target is not None else None
+        steps = time_to_reach(run["curve"], target, key="step") if target is not None else None
+        run["time_to_target_s"], run["steps_to_target"] = seconds, steps
+        run["time_ratio"] = ratio(seconds, base["train_seconds"]) if base else None
+        run["steps_ratio"] = ratio(steps, base["final_step"]) if base else None
+        run["per_step_ratio"] = ratio(run["time_ratio"], run["steps_ratio"])
+        run["iter_ratio"] = ratio(run["ms_per_iter"], base["ms_per_iter"]) if base else None
+    report["methods"] = summarize(runs)
+    report["goals"] = goals(report["methods"])
     return report
 
 
-def goals(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The checks of each judged method (``aer``, ``aer-node``, ``complete-node-bf16``: those at
-    ``aer``'s inter-node bytes; ``complete-node-bf16-shared`` and ``-shared-sync`` at 1.5x them, the
-    library's options on the nodes) against All-Reduce (benchmarks.thresholds; empty without
-    All-Reduce's run)."""
-    base = runs.get(BASELINE)
-    if base is None:
-        return []
-    found = []
-    for name, run in runs.items():
-        method = METHODS.get(name)
-        if method is not None and method.judged:
-            found += _goals_of(method.label, run, base)
-    return found
+FIELDS = (
+    "time_to_target_s", "time_ratio", "steps_ratio", "per_step_ratio", "iter_ratio", "ms_per_iter",
+    "final_valid_nll", "train_seconds", "bleu", "bleu_in_allreduce_time", "inter_node_bytes_per_step",
+)  # fmt: skip
+"""The per-run numbers the report gives per method as the mean over seeds and each seed's value."""
 
 
-def _goals_of(label: str, run: dict[str, Any], base: dict[str, Any]) -> list[dict[str, Any]]:
-    found = []
-    time_ratio = run.get("time_ratio")
-    found.append(
-        {
-            "goal": f"{label}: reaches All-Reduce's final validation loss in <= {TTQ_TIME_RATIO:g}x its time",
-            "measured": "not reached" if time_ratio is None else f"{time_ratio:.2f}x",
-            "met": time_ratio is not None and time_ratio <= TTQ_TIME_RATIO,
+def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per method, in the order of first appearance: its seeds, and for each of :data:`FIELDS` the
+    mean over seeds (None when a seed lacks it) and the values by seed."""
+    by_method: dict[str, list[dict[str, Any]]] = {}
+    for run in runs.values():
+        by_method.setdefault(run["method"], []).append(run)
+    out: dict[str, dict[str, Any]] = {}
+    for method, members in by_method.items():
+        members = sorted(members, key=lambda r: r["seed"])
+        summary: dict[str, Any] = {
+            "seeds": [r["seed"] for r in members],
+            "is_default": bool(members[0].get("is_default")),
         }
-    )
-    if run.get("bleu") is not None and base.get("bleu") is not None:
-        gap = base["bleu"] - run["bleu"]
-        seconds = ratio(run.get("train_seconds"), base.get("train_seconds"))
-        within = seconds is not None and seconds <= 1.0
-        found.append(
-            {
-                "goal": f"{label}: BLEU within {TTQ_BLEU_GAP:g} of All-Reduce's in no more training time",
-                "measured": f"{run['bleu']:.2f} vs {base['bleu']:.2f} ({run['bleu'] - base['bleu']:+.2f})"
-                + ("" if seconds is None else f" after {seconds:.2f}x its training time"),
-                "met": gap <= TTQ_BLEU_GAP and within,
-            }
-        )
-    measured, predicted = run.get("iter_ratio"), run.get("predicted_iter_ratio")
-    if measured is not None and predicted is not None:
-        error = predicted / measured - 1
-        found.append(
-            {
-                "goal": f"{label}: the runtime model's ratio of its iteration to All-Reduce's within "
-                f"{MODEL_TOLERANCE:.0%} of the measured one",
-                "measured": f"predicted {predicted:.2f}, measured {measured:.2f} ({error:+.0%})",
-                "met": abs(error) <= MODEL_TOLERANCE,
-            }
-        )
-    return found
+        for field in FIELDS:
+            values = [r.get(field) for r in members]
+            summary[field] = {"mean": mean(values), "by_seed": values}
+        out[method] = summary
+    return out

@@ -1,23 +1,25 @@
-"""The benchmark's processes: the calibration on every rank at once (no network), and each method's
-training, one process per rank in its node's namespace (``benchmarks.cluster.launch``)."""
+"""The benchmark's processes: the calibration on every rank at once (no network), and each training,
+one process per rank in its node's namespace (``benchmarks.cluster.launch``), with the machine's load
+meanwhile."""
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.cluster.launch import Command, rank_commands, run_all
 from benchmarks.cluster.netns import EmulatedCluster
-from benchmarks.time_to_quality.methods import NODES, RANKS_PER_NODE, Method
+from benchmarks.cluster.worker import busy_share, host_cpu_jiffies
+from benchmarks.time_to_quality.methods import METHODS, NODES, RANKS_PER_NODE, Job, method_args
 from benchmarks.time_to_quality.settings import Settings
 
-TRAIN = "recipes.translation.train"
-"""The recipe's module, started with ``python -m`` from the repository root."""
 CALIBRATE = "benchmarks.time_to_quality.calibrate"
 
 
@@ -67,27 +69,70 @@ def summarize_calibration(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+class LoadMeter:
+    """The machine's load while a training runs: the share of CPU time busy (``/proc/stat``) and the
+    1-minute load average (``os.getloadavg``) sampled every ``interval_s`` seconds, from ``with``'s
+    start to its end. Other jobs on the cores show as a load above the ranks' own."""
+
+    def __init__(self, interval_s: float = 5.0) -> None:
+        self.interval_s = interval_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._jiffies = (0, 0)
+        self.result: dict[str, float] = {}
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.samples.append(os.getloadavg()[0])
+
+    def __enter__(self) -> LoadMeter:
+        self.samples.append(os.getloadavg()[0])
+        self._jiffies = host_cpu_jiffies()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+        self.result = {
+            "cpu_busy_share": round(busy_share(self._jiffies, host_cpu_jiffies()), 3),
+            "loadavg_1min_mean": round(statistics.fmean(self.samples), 2),
+            "loadavg_1min_max": round(max(self.samples), 2),
+            "loadavg_samples": len(self.samples),
+        }
+
+
 def train(
-    cluster: EmulatedCluster, method: Method, settings: Settings, run: Path, logs: Path
+    cluster: EmulatedCluster, job: Job, settings: Settings, run: Path, logs: Path, warmup: int
 ) -> dict[str, Any]:
-    """Train ``method`` with one process per rank in its node's namespace; return its command, wall
-    seconds and the bytes that crossed the node links."""
+    """Train ``job`` with one process per rank in its node's namespace; return its command, wall
+    seconds, the bytes that crossed the node links and the machine's load meanwhile."""
+    lr = job.lr if settings.lrs else None
     argv = [
-        sys.executable, "-u", "-m", TRAIN, "--preset", settings.preset, *method.args,
-        *settings.recipe_overrides(), *settings.run_settings(), f"train.output_dir={run}",
+        sys.executable, "-u", *method_args(job.method, settings.best, warmup), "--preset", settings.preset,
+        *settings.recipe_overrides(), *settings.run_settings(job.seed, lr), f"train.output_dir={run}",
     ]  # fmt: skip
     world = NODES * RANKS_PER_NODE
+    name = run.name
     before = cluster.link_bytes()
     begin = time.monotonic()
-    commands = rank_commands(cluster, argv, RANKS_PER_NODE, logs, method.name)
-    run_all(commands, settings.timeout_s, method.name, echo=True)
+    with LoadMeter() as load:
+        commands = rank_commands(cluster, argv, RANKS_PER_NODE, logs, name)
+        run_all(commands, settings.timeout_s, name, echo=True)
     wall = time.monotonic() - begin
     after = cluster.link_bytes()
     sent = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))  # node -> switch, every node
     return {
-        "label": method.label,
+        "method": job.method,
+        "seed": job.seed,
+        "lr": job.lr,
+        "is_default": METHODS[job.method].is_default,
+        "label": METHODS[job.method].label,
         "steps": settings.steps,
         "train_command": shlex.join(argv),
         "wall_seconds": round(wall, 1),
-        "link_mb_per_rank_iter": sent / (world * settings.steps) / 1e6,
+        "inter_node_bytes_per_step": sent / (world * settings.steps),
+        "load": load.result,
     }

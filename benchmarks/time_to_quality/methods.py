@@ -1,17 +1,23 @@
-"""What the benchmark compares: the trainings (methods), the cluster's shape, and All-Reduce as the
-baseline every ratio is taken to."""
+"""What the benchmark compares: float32 DDP, what torch ships against slow networks, the seed authors'
+decent-dp, and DecentralizedAdam with the library's default and with a chosen setting; the cluster's
+shape; and the order the trainings run in."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from decentadam.runtime_model import ALLREDUCE
+from decentadam.options import DEFAULT_SETTING, SETTINGS
 
 NODES, RANKS_PER_NODE = 2, 2
 """The emulated cluster: 2 nodes x 2 ranks (the translation preset's 4 ranks)."""
-BUCKET_BYTES = 25 * 2**20
-"""DDP's bucket_cap_mb and DecentralizedAdam's bucket_size_mb, both 25 MB by default."""
+BASELINE = "allreduce"
+DEFAULT = "decentadam-default"
+BEST = "decentadam-best"
+TRAIN = "recipes.translation.train"
+"""The recipe's module, started with ``python -m`` from the repository root."""
+ALTERNATIVES = "benchmarks.time_to_quality.alternatives"
+"""The module that runs the recipe's loop with another data-parallel method."""
 
 
 @dataclass(frozen=True)
@@ -22,101 +28,125 @@ class Method:
     """Name on the command line (``--methods``) and in the JSON."""
     label: str
     """Name in the report."""
-    model: str
-    """The runtime model's name for it."""
-    args: tuple[str, ...]
-    """What the recipe's ``train`` gets to run it."""
-    workload: dict[str, Any] = field(default_factory=dict)
-    """Fields of the runtime model's ``Workload`` that the method sets (its own options)."""
-    judged: bool = False
-    """Whether the report checks it against issue 21's time-to-quality goals (the methods at
-    ``aer``'s inter-node bytes, and the nodes' options: the shared second moment, the synchronous
-    warm-up)."""
+    alternative: bool = False
+    """Run by :mod:`benchmarks.time_to_quality.alternatives` (else by the recipe itself)."""
 
     @property
-    def bf16_updates(self) -> bool:
-        """Whether it sends bfloat16 updates (``optim.exchange=bf16_updates``): the runtime model's
-        ``update_values`` is then the model's parameter count, known after calibration."""
-        return "optim.exchange=bf16_updates" in self.args
+    def is_default(self) -> bool:
+        """Whether it is ``DecentralizedAdam(params, lr)`` with nothing else: the library's default."""
+        return self.name == DEFAULT
 
-    @property
-    def share_every(self) -> int:
-        """How often its nodes share their second moment (``optim.share_second_moment_every``; 0:
-        never, the recipes' default): the runtime model's ``moment_values`` is then the model's
-        parameter count too, sent every ``share_every``-th step."""
-        prefix = "optim.share_second_moment_every="
-        return next((int(a[len(prefix) :]) for a in self.args if a.startswith(prefix)), 0)
-
-
-NODES_BF16 = (
-    "--optimizer",
-    "decentralized",
-    "optim.topology=complete",
-    "optim.intra_node=all_reduce",
-    "optim.second_moment=group_gradient",
-    "optim.exchange=bf16_updates",
-)
-"""The nodes on ``complete`` with bfloat16 updates (the recipe's arguments of complete-node-bf16)."""
 
 METHODS = {
     m.name: m
     for m in (
-        Method("allreduce", "All-Reduce (DDP + AdamW)", ALLREDUCE, ("--optimizer", "allreduce")),
-        Method(
-            "aer", "AccumAdam-AER", "aer", ("--optimizer", "decentralized", "optim.topology=aer"), judged=True
-        ),
-        Method(
-            "complete",
-            "AccumAdam-complete",
-            "complete",
-            ("--optimizer", "decentralized", "optim.topology=complete"),
-        ),
-        Method(
-            "aer-node",
-            "DecentralizedAdam-AER, gradients averaged in nodes",
-            "aer",
-            (
-                "--optimizer",
-                "decentralized",
-                "optim.topology=aer",
-                "optim.intra_node=all_reduce",
-                "optim.second_moment=group_gradient",
-            ),
-            {"intra_node": "all_reduce"},
-            judged=True,
-        ),
-        Method(
-            "complete-node-bf16",
-            "DecentralizedAdam-complete over nodes, bf16 updates",
-            "complete",
-            NODES_BF16,
-            {"intra_node": "all_reduce"},
-            judged=True,
-        ),
-        Method(
-            "complete-node-bf16-shared",
-            "DecentralizedAdam-complete over nodes, bf16 updates, second moment shared every 2 steps",
-            "complete",
-            (*NODES_BF16, "optim.share_second_moment_every=2"),
-            {"intra_node": "all_reduce"},
-            judged=True,
-        ),
-        Method(
-            "complete-node-bf16-shared-sync",
-            "DecentralizedAdam-complete over nodes, bf16 updates, second moment shared, first 300 steps "
-            "synchronous",
-            "complete",  # the runtime model's step is the overlapped one (the warm-up is measured)
-            (*NODES_BF16, "optim.share_second_moment_every=2", "optim.sync_steps=300"),
-            {"intra_node": "all_reduce"},
-            judged=True,
-        ),
+        Method(BASELINE, "DDP + AdamW (float32)"),
+        Method("allreduce-bf16", "DDP + AdamW, bf16_compress_hook", alternative=True),
+        Method("powersgd", "DDP + AdamW, PowerSGD rank 4", alternative=True),
+        Method("postlocal", "post-local SGD (AdamW, average every 4 steps)", alternative=True),
+        Method("decent-dp", "decent-dp 0.2.3 (AccumAdamW on AER)", alternative=True),
+        Method(DEFAULT, "DecentralizedAdam, the library's default"),
+        Method(BEST, "DecentralizedAdam, the chosen setting"),
     )
 }
-BASELINE = "allreduce"
-DEFAULT_METHODS = ("allreduce", "aer", "complete")
-"""What ``--methods`` defaults to (the comparison of the committed report)."""
+DEFAULT_METHODS = tuple(METHODS)
+"""What ``--methods`` defaults to: every method, All-Reduce first."""
 
 
 def label(name: str) -> str:
     """A method's name in the report (a name the benchmark does not know stays as it is)."""
     return METHODS[name].label if name in METHODS else name
+
+
+def setting_args(name: str) -> list[str]:
+    """The recipe's arguments that run DecentralizedAdam with ``SETTINGS[name]`` as it is now: the
+    name and every option written out, so that the preset file's own options change nothing."""
+    if name not in SETTINGS:
+        raise ValueError(f"unknown setting {name!r}: choose one of {', '.join(sorted(SETTINGS))}")
+    options = {k: v for k, v in SETTINGS[name].flat().items() if v is not None}
+    return [
+        "--optimizer",
+        "decentralized",
+        f"optim.setting={name}",
+        *(f"optim.{k}={v}" for k, v in options.items()),
+    ]
+
+
+def method_args(name: str, best: str | None, warmup: int) -> list[str]:
+    """``python -m MODULE ARGS`` of one method, without the recipe's preset and overrides: the module
+    and the method's own arguments (``best``: the setting of ``decentadam-best``; ``warmup``: the
+    steps PowerSGD and post-local SGD start after)."""
+    if name == BASELINE:
+        return ["-m", TRAIN, "--optimizer", "allreduce"]
+    if name == DEFAULT:
+        return ["-m", TRAIN, *setting_args(DEFAULT_SETTING)]
+    if name == BEST:
+        if best is None:
+            raise ValueError(
+                f"{BEST} needs a setting's name (--best NAME, one of {', '.join(sorted(SETTINGS))})"
+            )
+        return ["-m", TRAIN, *setting_args(best)]
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; expected one of {', '.join(METHODS)}")
+    return ["-m", ALTERNATIVES, name, f"--warmup={warmup}", "--optimizer", "allreduce"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training of the benchmark: a method, a seed (initial weights and data order) and a rate."""
+
+    method: str
+    seed: int
+    lr: float
+
+    def key(self, grid: bool) -> str:
+        """``METHOD/seedN``, or ``METHOD/lr=X/seedN`` when the rate comes from a grid."""
+        return f"{self.method}/lr={self.lr:g}/seed{self.seed}" if grid else f"{self.method}/seed{self.seed}"
+
+
+def run_order(methods: Sequence[str], seeds: Sequence[int], lrs: Sequence[float]) -> list[Job]:
+    """Every (method, seed, rate) once, seed after seed; the methods (and rates) in the given order
+    for the first seed, reversed for the second, and so on. A slow drift of the machine then hits
+    each method about equally on the mean of two seeds, and the first method (All-Reduce) runs
+    first and last."""
+    one_seed = [(lr, method) for lr in lrs for method in methods]
+    jobs = []
+    for index, seed in enumerate(seeds):
+        order = one_seed if index % 2 == 0 else one_seed[::-1]
+        jobs += [Job(method, seed, lr) for lr, method in order]
+    return jobs
+
+
+def about(name: str, best: str | None, warmup: int) -> str:
+    """What ``name`` runs, for the report: its hooks, its package's version, its setting's options."""
+    from benchmarks.time_to_quality import alternatives as alt
+
+    if name in (DEFAULT, BEST):
+        setting = DEFAULT_SETTING if name == DEFAULT else best
+        assert setting is not None  # method_args refuses BEST without it
+        options = ", ".join(f"{k}={v!r}" for k, v in SETTINGS[setting].flat().items() if v is not None)
+        return f"DecentralizedAdam with setting {setting!r} as it is now ({options})"
+    return {
+        BASELINE: "DDP + torch AdamW: the float32 gradients all-reduced every step",
+        "allreduce-bf16": "DDP + AdamW with torch's bf16_compress_hook (registered under another name: DDP "
+        "checks for NCCL by the function's name, and gloo all-reduces bfloat16)",
+        "powersgd": f"DDP + AdamW with torch's powerSGD_hook, rank {alt.POWERSGD_RANK}, error feedback and "
+        f"warm start, plain all-reduce for the first {max(warmup, 2)} steps (the warm-up); AdamW sees the "
+        "low-rank approximation of the mean gradient plus the error fed back from the step before",
+        "postlocal": f"PostLocalSGDOptimizer(AdamW, PeriodicModelAverager(period={alt.PERIOD}, "
+        f"warmup_steps={warmup})) with post_localSGD_hook (start_localSGD_iter={warmup}, the nodes as "
+        "subgroups): after the warm-up the gradients are all-reduced inside each node and all ranks "
+        f"average their parameters every {alt.PERIOD} steps",
+        "decent-dp": f"decent_dp {_version('decent-dp')}: DecentralizedDataParallel on "
+        f"{alt.DECENT_DP_TOPOLOGY} with its AccumAdamW (accum_iter={alt.DECENT_DP_WINDOW}), updates from "
+        "backward hooks",
+    }[name]
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "(not installed)"

@@ -9,7 +9,7 @@ from typing import Any
 
 from benchmarks.time_to_quality.curves import analyse
 from benchmarks.time_to_quality.methods import BASELINE, NODES, RANKS_PER_NODE, label
-from benchmarks.time_to_quality.notes import Note, baseline_note, dominant_term, miss_notes, model_notes
+from benchmarks.time_to_quality.notes import slower_notes
 from benchmarks.time_to_quality.rates import allreduce_comm_s
 from recipes.translation.compare import plot_curves
 
@@ -21,17 +21,21 @@ def fmt(value: float | None, spec: str = ".0f", missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
+def _mean_and_seeds(field: dict[str, Any], spec: str, missing: str = "-") -> str:
+    """``mean (seed values)`` of one of ``curves.summarize``'s fields."""
+    seeds = "; ".join(fmt(v, spec, missing) for v in field["by_seed"])
+    return f"{fmt(field['mean'], spec, missing)} ({seeds})"
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The report's text (after :func:`~benchmarks.time_to_quality.curves.analyse`)."""
-    runs: dict[str, dict[str, Any]] = report["runs"]
-    cal = report["calibration"]
-    link = report["link"]
+    cal, link, machine = report["calibration"], report["link"], report["machine"]
     compute_ms = cal["compute_s"] * 1e3
-    probed_comm = allreduce_comm_s(
-        report["model_inputs"]["inter_bytes_per_s"] * 8 / 1e6, cal["param_bytes"]
-    )  # tbf passes TCP payload at a little under its rate (headers, the other direction's ACKs)
+    probed_comm = allreduce_comm_s(report["model_inputs"]["inter_bytes_per_s"] * 8 / 1e6, cal["param_bytes"])
+    seeds = sorted({run["seed"] for run in report["runs"].values()})
     lines = [
-        "# Time to the same translation quality on a slow network: All-Reduce against decentralized Adam",
+        "# Time to the same translation quality on a slow network: DecentralizedAdam against DDP and "
+        "what a user would pick instead",
         "",
         "```bash",
         report["command"],
@@ -39,140 +43,118 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Preset `{report['preset']}` with "
         + (f"`{' '.join(report['overrides'])}`, " if report["overrides"] else "no overrides, ")
-        + f"{report['steps']} steps per method, validation loss every {report['eval_every']} steps, "
-        f"{NODES} emulated nodes x {RANKS_PER_NODE} ranks (benchmarks/cluster/netns.py), "
-        f"same seed (initial weights and data order) for every method. "
-        f"Machine: {report['machine'].get('cpu', '?')}, {report['machine'].get('cores', '?')} cores, "
-        f"torch {report['machine'].get('torch', '?')}, {report['machine'].get('date', '?')}.",
+        + f"{report['steps']} steps per training, validation loss every {report['eval_every']} steps, "
+        f"{NODES} emulated nodes x {RANKS_PER_NODE} ranks (benchmarks/cluster/netns.py), seeds "
+        f"{', '.join(map(str, seeds))} (initial weights and data order; every method trains each), all "
+        f"in this one invocation on one link rate. Machine: {machine.get('cpu', '?')}, "
+        f"{machine.get('cores', '?')} cores, torch {machine.get('torch', '?')}, {machine.get('date', '?')}.",
         "",
-        *_paragraphs(baseline_note(report)),
+        "## Methods",
+        "",
+        *[f"- `{name}`: {about}" for name, about in report["about"].items()],
+        "",
         "## Inputs, measured before the runs",
         "",
         "| input | value |",
         "|---|---|",
         f"| C: forward + backward per iteration, 4 ranks at once (slowest rank per step; mean rank) "
         f"| {compute_ms:.0f} ms; {cal['compute_mean_s'] * 1e3:.0f} ms |",
-        f"| f: forward share of C | {cal['forward_fraction']:.2f} |",
         f"| S: parameter bytes | {cal['param_bytes'] / 1e6:.1f} MB ({cal['params'] / 1e6:.2f}M float32) |",
-        f"| U_ar: AdamW step; U_dec: DecentralizedAdam step (no network) "
-        f"| {cal['adamw_s'] * 1e3:.0f} ms; {cal['decentralized_s'] * 1e3:.0f} ms |",
         f"| node link rate (tbf, per direction) | {link['rate_mbit']:g} Mbit/s ({link['how']}) |",
-        f"| All-Reduce communication per iteration at that rate (model) "
+        f"| DDP's communication per iteration at that rate (runtime model) "
         f"| {link['allreduce_comm_s'] * 1e3:.0f} ms = "
         f"{link['allreduce_comm_s'] / cal['compute_s']:.2f} x C |",
-        f"| B_inter: TCP, one stream each way over a node link | "
-        f"{report['model_inputs']['inter_bytes_per_s'] / 1e6:.1f} MB/s |",
-        f"| All-Reduce communication per iteration with the probed B_inter (model) "
+        f"| B_inter: TCP, one stream each way over a node link "
+        f"| {report['model_inputs']['inter_bytes_per_s'] / 1e6:.1f} MB/s |",
+        f"| DDP's communication per iteration with the probed B_inter (runtime model) "
         f"| {probed_comm * 1e3:.0f} ms = {probed_comm / cal['compute_s']:.2f} x C |",
-        f"| B_intra: TCP on a node's loopback, all ranks at once | "
-        f"{report['model_inputs']['intra_bytes_per_s'] / 1e6:.0f} MB/s |",
         "",
-        "## Results",
-        "",
+        *results_table(report),
+        *goals_section(report),
+        *order_table(report),
     ]
-    target = report.get("target_valid_nll")
-    never = "-" if target is None else "not reached"  # no target without an All-Reduce run
-    lines += [
-        f"Target: All-Reduce's final validation loss, {fmt(target, '.3f')} (NLL per target token). "
-        "Time is training time (evaluation, logging and checkpoints excluded); wall time is the whole "
-        "launch (start-up, evaluations, checkpoints).",
-        "",
-        "| method | wall s | training s | ms/iter | predicted ms/iter (overlapped / serialized) "
-        "| vs All-Reduce (measured / predicted) | model: bound by | time to target s | vs All-Reduce "
-        "| final valid NLL | BLEU | chrF | inter-node MB/rank/iter (tc / model) |",
-        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, run in runs.items():
-        predicted = run.get("predicted") or {}
-        reached = run.get("time_to_target_s")
-        lines.append(
-            f"| {label(name)} | {fmt(run.get('wall_seconds'))} "
-            f"| {fmt(run.get('train_seconds'))} | {fmt(run.get('ms_per_iter'))} "
-            f"| {fmt(predicted.get('iteration_ms'))} / {fmt(predicted.get('serial_ms'))} "
-            f"| {fmt(run.get('iter_ratio'), '.2f')} / {fmt(run.get('predicted_iter_ratio'), '.2f')} "
-            f"| {dominant_term(run, compute_ms)} "
-            f"| {fmt(reached, '.0f', never)} | {fmt(run.get('time_ratio'), '.2f')} "
-            f"| {fmt(run.get('final_valid_nll'), '.3f')} | {fmt(run.get('bleu'), '.2f')} "
-            f"| {fmt(run.get('chrf'), '.2f')} "
-            f"| {fmt(run.get('link_mb_per_rank_iter'), '.1f')} / {fmt(predicted.get('inter_mb'), '.1f')} |"
-        )
-    signatures = sorted({run["bleu_signature"] for run in runs.values() if run.get("bleu_signature")})
-    lines += [""] + [f"Signature: `BLEU|{s}`." for s in signatures]
-    lines += [
-        "",
-        "ms/iter: training seconds per step between the first and the last evaluation. Predicted: "
-        "`decentadam.runtime_model` from C, f, S, U and the probed links only; *overlapped* as for a "
-        "real cluster, *serialized* with updates and exchanges taking turns on the shared cores. "
-        "Inter-node bytes are the tbf counters over the whole launch (evaluations and checkpoints "
-        "included), per rank and step.",
-        "",
-    ]
-    if report.get("goals"):
-        lines += ["## Goals", "", "| goal | measured | met |", "|---|---|---|"]
-        lines += [
-            f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else 'no'} |" for g in report["goals"]
-        ]
-        notes = [*model_notes(runs, compute_ms), *miss_notes(report, compute_ms)]
-        lines += ["", *(f"- {note.text}" for note in notes), ""]
-    if report.get("levels"):
-        lines += levels_table(report)
-    lines += ["## Validation loss at each evaluation", ""]
-    lines += curve_table(runs)
-    lines += ["", "Plot: `time_to_quality.png`; every number above: `time_to_quality.json`.", ""]
+    for seed in seeds:
+        lines += [f"## Validation loss at each evaluation, seed {seed}", ""]
+        lines += curve_table({k: r for k, r in report["runs"].items() if r["seed"] == seed})
+        lines.append("")
+    lines += ["Plot: `time_to_quality.png`; every number above: `time_to_quality.json`.", ""]
     return "\n".join(lines)
 
 
-def levels_table(report: dict[str, Any]) -> list[str]:
-    """Time (and steps) each method takes to reach each of All-Reduce's evaluated losses."""
-    names = [n for n in report["runs"] if n != BASELINE]
-    if not names:  # All-Reduce alone (a run to be the --baseline of others): nothing to compare
-        return []
+def results_table(report: dict[str, Any]) -> list[str]:
+    """Per method: time to DDP's final loss and its factors, the loss, BLEU and bytes, mean (seeds)."""
     lines = [
-        "## Time to each of All-Reduce's validation losses",
+        "## Results",
         "",
-        "Each row is one of All-Reduce's evaluations; a method's time to that loss is interpolated "
-        "between its own evaluations. vs All-Reduce = steps ratio x time-per-step ratio: the first "
-        "factor is the optimizer's (how many more steps it needs for that loss), the second the "
-        "network's.",
+        "Target: the final validation loss of DDP (float32) with the same seed. Time is training time "
+        "(evaluation, logging and checkpoints excluded). vs DDP = steps ratio x time-per-step ratio: "
+        "the first factor is the optimizer's (how many of DDP's steps it needs for that loss), the "
+        "second the network's and the method's own work. BLEU in DDP's time: of the last checkpoint "
+        "saved within DDP's training time of the same seed. Inter-node bytes: the tbf counters over the "
+        "whole launch (evaluations and checkpoints included), per rank and step. Each cell: the mean "
+        "over seeds, then each seed's value.",
         "",
-        "| All-Reduce step | valid NLL | All-Reduce s | "
-        + " | ".join(f"{label(n)} s (steps) | vs All-Reduce" for n in names)
-        + " |",
-        "|---:|---:|---:|" + "---:|---:|" * len(names),
+        "| method | time to target s | vs DDP | steps ratio | time-per-step ratio | ms/step "
+        "| final valid NLL | BLEU | BLEU in DDP's time | inter-node MB/rank/step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for row in report["levels"]:
-        cells = [f"{row['step']:.0f}", f"{row['valid_nll']:.3f}", f"{row['train_seconds']:.0f}"]
-        for name in names:
-            m = row["methods"][name]
-            if m["seconds"] is None:
-                cells += ["not reached", "-"]
-                continue
-            cells.append(f"{m['seconds']:.0f} ({m['steps']:.0f})")
-            per_step = m["time_ratio"] / m["steps_ratio"] if m["steps_ratio"] else None
-            cells.append(f"{m['time_ratio']:.2f} = {m['steps_ratio']:.2f} x {fmt(per_step, '.2f')}")
-        lines.append("| " + " | ".join(cells) + " |")
+    for name, m in report["methods"].items():
+        sent = m["inter_node_bytes_per_step"]
+        megabytes = {
+            "mean": None if sent["mean"] is None else sent["mean"] / 1e6,
+            "by_seed": [None if v is None else v / 1e6 for v in sent["by_seed"]],
+        }
+        rate = report.get("chosen_lr", {}).get(name)
+        lines.append(
+            f"| {label(name)}{'' if rate is None else f' (lr {rate:g})'} "
+            f"| {_mean_and_seeds(m['time_to_target_s'], '.0f', 'not reached')} "
+            f"| {_mean_and_seeds(m['time_ratio'], '.2f')} | {_mean_and_seeds(m['steps_ratio'], '.2f')} "
+            f"| {_mean_and_seeds(m['per_step_ratio'], '.2f')} | {_mean_and_seeds(m['ms_per_iter'], '.0f')} "
+            f"| {_mean_and_seeds(m['final_valid_nll'], '.3f')} | {_mean_and_seeds(m['bleu'], '.2f')} "
+            f"| {_mean_and_seeds(m['bleu_in_allreduce_time'], '.2f')} | {_mean_and_seeds(megabytes, '.1f')} |"
+        )
+    signatures = sorted({r["bleu_signature"] for r in report["runs"].values() if r.get("bleu_signature")})
+    return [*lines, "", *[f"Signature: `BLEU|{s}`." for s in signatures], ""]
+
+
+def goals_section(report: dict[str, Any]) -> list[str]:
+    """The default's goals and, where it is not sooner than a method, why."""
+    if not report.get("goals"):
+        return []
+    lines = ["## Goals (the library's default)", "", "| goal | measured | met |", "|---|---|---|"]
+    lines += [f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else 'no'} |" for g in report["goals"]]
+    return [*lines, "", *(f"- {note.text}" for note in slower_notes(report["methods"])), ""]
+
+
+def order_table(report: dict[str, Any]) -> list[str]:
+    """The trainings in the order they ran, with the machine's load during each."""
+    trained = report.get("grid") or report["runs"]
+    rows = sorted(trained.items(), key=lambda item: item[1]["order"])
+    lines = [
+        "## The trainings in the order they ran, and the machine's load",
+        "",
+        "Load: the 1-minute load average sampled every 5 s during the launch (mean / max; the 4 ranks "
+        "alone make about 4) and the share of CPU time busy (/proc/stat).",
+        "",
+        "| # | run | wall s | training s | load mean / max | CPU busy |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for key, run in rows:
+        load = run.get("load", {})
+        lines.append(
+            f"| {run['order']} | `{key}` | {fmt(run.get('wall_seconds'))} "
+            f"| {fmt(run['curve'][-1]['train_seconds'] if run['curve'] else None)} "
+            f"| {fmt(load.get('loadavg_1min_mean'), '.2f')} / {fmt(load.get('loadavg_1min_max'), '.2f')} "
+            f"| {fmt(load.get('cpu_busy_share'), '.0%')} |"
+        )
     return [*lines, ""]
 
 
-def summary(report: dict[str, Any]) -> str:
-    """One line per method for the terminal (after :func:`analyse`)."""
-    lines = []
-    for name, run in report["runs"].items():
-        reached = run.get("time_to_target_s")
-        lines.append(
-            f"{label(name):26s} {fmt(run.get('ms_per_iter'))} ms/iter "
-            f"(predicted {fmt((run.get('predicted') or {}).get('iteration_ms'))}), time to target "
-            f"{'not reached' if reached is None else f'{reached:.0f} s'}, "
-            f"valid nll {fmt(run.get('final_valid_nll'), '.3f')}, BLEU {fmt(run.get('bleu'), '.2f')}"
-        )
-    return "\n".join(lines)
-
-
 def curve_table(runs: dict[str, dict[str, Any]]) -> list[str]:
-    """Every method's validation loss (and training seconds) at each evaluated step."""
+    """Every run's validation loss (and training seconds) at each evaluated step."""
     names = list(runs)
     steps = sorted({int(p["step"]) for run in runs.values() for p in run["curve"]})
-    header = "| step | " + " | ".join(f"{label(n)} (s)" for n in names) + " |"
+    header = "| step | " + " | ".join(f"{label(runs[n]['method'])} (s)" for n in names) + " |"
     lines = [header, "|---:|" + "---:|" * len(names)]
     for step in steps:
         cells = []
@@ -183,16 +165,26 @@ def curve_table(runs: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def summary(report: dict[str, Any]) -> str:
+    """One line per method for the terminal (after :func:`analyse`)."""
+    lines = []
+    for name, m in report["methods"].items():
+        lines.append(
+            f"{name:20s} time to target {_mean_and_seeds(m['time_to_target_s'], '.0f', 'not reached')} s, "
+            f"vs DDP {_mean_and_seeds(m['time_ratio'], '.2f')}, valid nll "
+            f"{_mean_and_seeds(m['final_valid_nll'], '.3f')}, BLEU {_mean_and_seeds(m['bleu'], '.2f')}"
+        )
+    return "\n".join(lines)
+
+
 def plot(report: dict[str, Any], path: Path) -> None:
-    """Validation loss against training time and against steps, every method, the target marked."""
-    curves = {}
-    for name, run in report["runs"].items():
-        legend = label(name) + ("" if run.get("bleu") is None else f": BLEU {run['bleu']:.2f}")
-        curves[legend] = run["curve"]
+    """Validation loss against training time and against steps, every run."""
+    curves = {key: run["curve"] for key, run in report["runs"].items()}
+    targets = [r["target_valid_nll"] for k, r in report["runs"].items() if r["method"] == BASELINE]
     title = (
         f"{report['preset']}, {NODES} nodes x {RANKS_PER_NODE}, links {report['link']['rate_mbit']:g} Mbit/s"
     )
-    plot_curves(curves, title, path, report.get("target_valid_nll"))
+    plot_curves(curves, title, path, min(targets) if targets else None)
 
 
 def write_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -204,7 +196,3 @@ def write_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
     paths[1].write_text(json.dumps(report, indent=2) + "\n")
     plot(report, paths[2])
     return paths
-
-
-def _paragraphs(notes: list[Note]) -> list[str]:
-    return [line for note in notes for line in (note.text, "")]

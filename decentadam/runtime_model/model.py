@@ -537,9 +537,17 @@ def _simulate_allreduce(cluster: Cluster, work: Workload, update_s: float, steps
     return _slope(ends)
 
 
-def predict(method: str, cluster: Cluster, work: Workload, periods: int = 8) -> Prediction:
-    """Predict one method: ``"all-reduce"`` or a topology name of :func:`decentadam.topology.build`."""
+def predict(method: str | Topology, cluster: Cluster, work: Workload, periods: int = 8) -> Prediction:
+    """Predict one method: ``"all-reduce"``, a topology name of :func:`decentadam.topology.build`, or a
+    built :class:`~decentadam.topology.Topology` of the cluster's ranks (``Setting.schedule``'s, with
+    its exact averages and its nodes' groups as they are)."""
     n = cluster.world_size
+    if isinstance(method, Topology):
+        if method.world_size != n:
+            raise ValueError(f"topology {method.name!r} is of {method.world_size} ranks, the cluster of {n}")
+        built, method = method, method.name
+    else:
+        built = None
     if work.compute_scale and len(work.compute_scale) != n:
         raise ValueError(f"compute_scale has {len(work.compute_scale)} entries for {n} ranks")
     if method == ALLREDUCE:
@@ -548,7 +556,7 @@ def predict(method: str, cluster: Cluster, work: Workload, periods: int = 8) -> 
         iteration = _simulate_allreduce(cluster, work, work.allreduce_update_s, steps)
         bound = _simulate_allreduce(cluster, work, 0.0, steps)
     else:
-        topology = _topology(method, cluster, work)
+        topology = built if built is not None else _topology(method, cluster, work)
         if work.update_values and changing_groups(topology) is not None:
             raise ValueError(f"exchange='bf16_updates' needs one fixed group per rank; {method} changes them")
         steps = max(48, work.rounds(topology) * periods)  # the slope is taken over the second half

@@ -15,7 +15,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PRECISIONS",
+    "Parallel",
     "TrainingClock",
     "consensus",
     "finish",
@@ -93,6 +94,24 @@ def consensus(model: nn.Module, optimizer: Any, decentralized: bool) -> Iterator
             yield
         finally:
             model.train()
+
+
+class Parallel(Protocol):
+    """A data-parallel method other than DDP + AdamW and DecentralizedAdam that a recipe's loop runs
+    (``main(parallel=...)``; ``benchmarks.time_to_quality.alternatives``: DDP communication hooks,
+    post-local SGD, decent-dp). The loop still calls ``optimizer.step()``, ``zero_grad()`` and the
+    scheduler, and ``accelerator.no_sync(model)`` between micro-batches."""
+
+    def prepare(
+        self, accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The model and optimizer the loop trains with, in place of ``accelerator.prepare``'s."""
+        ...
+
+    def averaged(self, model: nn.Module) -> contextlib.AbstractContextManager[nn.Module]:
+        """Inside the block: the ranks' mean model, the module to save (a collective); each rank's
+        own weights come back on exit."""
+        ...
 
 
 def log_step(

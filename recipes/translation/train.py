@@ -56,7 +56,15 @@ import torch
 
 from recipes.common import cli
 from recipes.common.config import ConfigError, check_choice, check_positive
-from recipes.common.loop import TrainingClock, consensus, finish, log_step, mixed_precision, out_of_time
+from recipes.common.loop import (
+    Parallel,
+    TrainingClock,
+    consensus,
+    finish,
+    log_step,
+    mixed_precision,
+    out_of_time,
+)
 from recipes.common.optim import build_optimizer, resolved
 from recipes.common.run import RunDirectory
 from recipes.translation import config, data
@@ -85,8 +93,14 @@ def check(cfg: config.Config) -> None:
     check_positive(cfg.train, "train", ("keep_last", "timeout_s"), zero=True)
 
 
-def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam] | None = None) -> None:
-    """Train as the module docstring says; ``optimizer_class`` replaces DecentralizedAdam (a subclass)."""
+def main(
+    argv: list[str] | None = None,
+    optimizer_class: type[DecentralizedAdam] | None = None,
+    parallel: Parallel | None = None,
+) -> None:
+    """Train as the module docstring says; ``optimizer_class`` replaces DecentralizedAdam (a subclass);
+    ``parallel`` runs another data-parallel method with ``--optimizer allreduce``'s AdamW
+    (:class:`recipes.common.loop.Parallel`)."""
     args, cfg = cli.parse("recipes.translation.train", __doc__ or "", config.PRESETS, OPTIMIZERS, argv)
     check(cfg)
     from accelerate import Accelerator
@@ -150,8 +164,11 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
     )
     if decentralized:
         model, optimizer = prepare(accelerator, model, optimizer)  # decentadam: no DDP wrapper
+    elif parallel is not None:  # another data-parallel method: its model and optimizer wrappers
+        model, optimizer = parallel.prepare(accelerator, model, optimizer, scheduler)
     else:
         model, optimizer = accelerator.prepare(model, optimizer)
+    mean = parallel.averaged if parallel is not None else contextlib.nullcontext  # ranks' mean model
 
     step = epoch = start_batch = 0
     clock = TrainingClock()
@@ -166,7 +183,7 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
     def evaluate() -> float:
         """Validation NLL per target token, of the consensus model (the exact average over ranks)."""
         totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
-        with consensus(model, optimizer, decentralized):  # decentadam: the exact average over ranks
+        with mean(model), consensus(model, optimizer, decentralized):  # decentadam: the exact average
             for _, batch in data.iterate(val_set, val_batches, pad_id):
                 batch = {k: v.to(accelerator.device) for k, v in batch.items()}
                 _, nll, tokens = loss_and_tokens(model, batch, 0.0)
@@ -176,10 +193,11 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
 
     def save() -> None:
         extra = {"step": step, "epoch": epoch, "batch": start_batch, "train_seconds": clock.seconds}
-        run.save(  # decentadam: the consensus model, every rank's state, the tokenizer; atomic
-            step, model, optimizer, scheduler=scheduler, extra=extra, processor=run.saving(tokenizer),
-            keep_last=t.keep_last,
-        )  # fmt: skip
+        with mean(model) as saved:
+            run.save(  # decentadam: the consensus model, every rank's state, the tokenizer; atomic
+                step, saved, optimizer, scheduler=scheduler, extra=extra, processor=run.saving(tokenizer),
+                keep_last=t.keep_last,
+            )  # fmt: skip
 
     # 3. Training: one optimizer step per grad_accum micro-batches; log, evaluate and save on the way
     # (off the training clock).
