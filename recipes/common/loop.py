@@ -34,6 +34,7 @@ __all__ = [
     "finish",
     "log_step",
     "mixed_precision",
+    "one_process_note",
     "out_of_time",
 ]
 
@@ -46,6 +47,24 @@ def mixed_precision(setting: str) -> str:
     if setting != "auto":
         return setting
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+
+
+def one_process_note(module: str, o: Any, world: int) -> str | None:
+    """What a decentralized run on one process trains (its local optimizer alone: nothing to average
+    with) and how to launch several; None for several processes or All-Reduce. ``o`` is the resolved
+    ``[optim]`` section."""
+    if world > 1 or o.optimizer not in ("decentralized", "a2cid2"):
+        return None
+    if o.algorithm == "sgd":
+        local = "SGD with momentum"
+    else:
+        local = "AccumAdam" if (o.accum_steps or 1) > 1 else "Adam (AccumAdam with s = 1)"
+    return (
+        f"one process: --optimizer {o.optimizer} has no other rank to average with, so this run is plain "
+        f"{local} (consensus distance 0). To train on N processes, launch it with "
+        f"`ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N -m {module} ...` "
+        f"(CPU, gloo; without ACCELERATE_USE_CPU on GPUs) or `torchrun --nproc-per-node N -m {module} ...`"
+    )
 
 
 class TrainingClock:

@@ -57,7 +57,15 @@ import torch.nn.functional as F
 
 from recipes.common import cli
 from recipes.common.config import ConfigError, check_choice, check_positive
-from recipes.common.loop import TrainingClock, consensus, finish, log_step, mixed_precision, out_of_time
+from recipes.common.loop import (
+    TrainingClock,
+    consensus,
+    finish,
+    log_step,
+    mixed_precision,
+    one_process_note,
+    out_of_time,
+)
 from recipes.common.optim import ALGORITHMS, OPTIMIZERS, build_optimizer, is_decentralized, resolved
 from recipes.common.run import RunDirectory
 from recipes.imagenet import data
@@ -159,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
         accelerator.print(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {start_batch})")
     run.keep_metrics_until(step)  # a restart redoes the steps after the checkpoint
     accelerator.init_trackers("tb")
+    if note := one_process_note("recipes.imagenet.train", o, world):  # decentadam: nothing to average
+        accelerator.print(note)
     accelerator.print(
         f"{len(train_set)} training and {len(val_set)} validation images, "
         f"{len(train_source.classes)} classes; {m.name} ({count_parameters(model) / 1e6:.2f}M parameters); "

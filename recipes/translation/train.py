@@ -18,7 +18,8 @@ WMT14 Transformer-base, 2 nodes x 8 GPUs in bf16 (on each node, with its ``--mac
         --main_process_ip HOST --main_process_port 29500 --mixed_precision bf16 \\
         -m recipes.translation.train --preset wmt14-en-de-base --optimizer decentralized
 
-One process is ``python -m recipes.translation.train --preset multi30k-en-de data=DIR``.
+One process is ``python -m recipes.translation.train --preset multi30k-en-de data=DIR``; with
+``--optimizer decentralized`` it is plain (Accum)Adam, nothing to average with, and says so once.
 
 The configuration is a preset (``presets/NAME.toml`` or a path) with ``section.key=value``
 overrides (see ``config.py``); the effective one is written to ``OUTPUT_DIR/config.toml``.
@@ -56,7 +57,15 @@ import torch
 
 from recipes.common import cli
 from recipes.common.config import ConfigError, check_choice, check_positive
-from recipes.common.loop import TrainingClock, consensus, finish, log_step, mixed_precision, out_of_time
+from recipes.common.loop import (
+    TrainingClock,
+    consensus,
+    finish,
+    log_step,
+    mixed_precision,
+    one_process_note,
+    out_of_time,
+)
 from recipes.common.optim import build_optimizer, resolved
 from recipes.common.run import RunDirectory
 from recipes.translation import config, data
@@ -162,6 +171,8 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
         accelerator.print(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {start_batch})")
     run.keep_metrics_until(step)  # a restart redoes the steps after the checkpoint
     accelerator.init_trackers("tb")
+    if note := one_process_note("recipes.translation.train", o, world):  # decentadam: nothing to average
+        accelerator.print(note)
 
     def evaluate() -> float:
         """Validation NLL per target token, of the consensus model (the exact average over ranks)."""
