@@ -1,7 +1,12 @@
-"""What a recipe run tells its user: a one-process decentralized run says what it trains (issue 46)."""
+"""What a recipe run tells its user (issue 46): a one-process decentralized run says what it trains;
+stderr in a file gets plain lines, one per log step, or JSON lines (``--log-format json``)."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +16,8 @@ pytest.importorskip("tokenizers", reason="the translation recipe needs pip insta
 pytest.importorskip("tensorboard", reason="the recipes log to TensorBoard")
 
 from recipes.common import optim
+from recipes.common.config import ConfigError
+from recipes.common.launch import environment
 from recipes.common.loop import one_process_note
 from recipes.translation import synthetic
 from recipes.translation import train as text_train
@@ -62,3 +69,59 @@ def test_the_note_names_the_local_optimizer_and_is_absent_on_several_processes()
     assert sgd is not None and "plain SGD with momentum" in sgd
     assert one_process_note("m", settings(optimizer="decentralized"), 2) is None
     assert one_process_note("m", settings(optimizer="allreduce"), 1) is None
+
+
+LOG_LINE = re.compile(
+    r"^step (\d+)/2  loss \d+\.\d{3}  tok/s \d+  consensus \d\.\de[+-]\d\d  eta \d+:\d\d:\d\d$"
+)
+
+
+def test_stderr_to_a_file_gets_one_plain_line_per_log_step_and_the_rank_messages(
+    corpus: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "recipes.translation.train",
+        *tiny(corpus, run, "--optimizer", "decentralized"),
+    ]
+    log = tmp_path / "train.log"
+    with open(log, "w") as stderr:
+        done = subprocess.run(
+            command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=environment(), timeout=300
+        )
+    text = log.read_text()
+    assert done.returncode == 0, text[-3000:]
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert [int(m.group(1)) for line in lines if (m := LOG_LINE.match(line))] == [1, 2], text
+    assert sum(line.startswith("rank 0: first optimizer step") for line in lines) == 1
+    assert any(line.startswith("step 2  valid nll ") for line in lines)
+
+
+def test_log_format_json_writes_one_object_per_line(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text_train.main(tiny(corpus, tmp_path / "run", "--optimizer", "decentralized", "--log-format", "json"))
+    err = capsys.readouterr().err
+    records = [json.loads(line) for line in err.splitlines()]  # every line is a JSON object
+    steps = [r for r in records if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["eta_s"] >= 0 and r["decentadam/consensus_distance_rel"] == 0 for r in steps)
+    assert steps[0]["message"].startswith("step 1/2  loss ")
+    assert [r["rank"] for r in records if r["message"].startswith("rank 0: first optimizer step")] == [0]
+    assert [r["step"] for r in records if "valid/nll" in r] == [2]
+
+
+def test_a_bar_on_request_and_an_unknown_format_refused(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text_train.main(tiny(corpus, tmp_path / "run", "--optimizer", "allreduce", "train.log_format=bar"))
+    err = capsys.readouterr().err
+    assert "\r" in err and "loss=" in err  # tqdm's bar with its postfix
+    assert not LOG_LINE.match(err.splitlines()[-1])
+    with pytest.raises(
+        ConfigError, match=r"train.log_format = 'lines': expected one of auto, bar, text, json$"
+    ):
+        text_train.main(tiny(corpus, tmp_path / "bad", "train.log_format=lines"))

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from decentadam import CommStats
+    from recipes.common.progress import Progress
 
 __all__ = [
     "PRECISIONS",
@@ -116,14 +117,15 @@ def consensus(model: nn.Module, optimizer: Any, decentralized: bool) -> Iterator
 
 def log_step(
     accelerator: Accelerator,
-    progress: Any,
+    progress: Progress,
     step: int,
     values: dict[str, Any],
     postfix: dict[str, str],
     optimizer: Any | None,
     since: CommStats | None,
 ) -> CommStats | None:
-    """Log a step's ``values`` (TensorBoard) and ``postfix`` (the progress bar), with the peak GPU
+    """Log a step's ``values`` (the trackers, and a JSON log line) and ``postfix`` (the bar or a text
+    line: :class:`recipes.common.progress.Progress`), with the peak GPU
     memory and, for a decentralized ``optimizer`` (None: All-Reduce), the consensus distance and the
     communication wait since ``since``: a collective. Returns the counters to pass as ``since`` next."""
     from decentadam.consensus import metrics, unwrap_optimizer
@@ -137,12 +139,12 @@ def log_step(
         values["decentadam/comm_wait_ms"] = health["decentadam/comm_wait_ms"]
         postfix["consensus"] = f"{health['decentadam/consensus_distance_rel']:.1e}"
     accelerator.log(values, step=step)
-    progress.set_postfix(postfix)
+    progress.log(step, values, postfix)
     return since
 
 
 def finish(
-    accelerator: Accelerator, progress: Any, optimizer: Any | None, step: int, seconds: float, run: Path
+    accelerator: Accelerator, progress: Progress, optimizer: Any | None, step: int, seconds: float, run: Path
 ) -> None:
     """End the run: close a decentralized ``optimizer`` (its last exchange finishes, its groups are
     released), end the trackers and print the last line."""

@@ -67,6 +67,7 @@ from recipes.common.loop import (
     out_of_time,
 )
 from recipes.common.optim import ALGORITHMS, OPTIMIZERS, build_optimizer, is_decentralized, resolved
+from recipes.common.progress import LOG_FORMATS, Progress
 from recipes.common.run import RunDirectory
 from recipes.imagenet import data
 from recipes.imagenet.config import PRESETS, Config, dump
@@ -82,6 +83,7 @@ def check(cfg: Config) -> None:
         cfg.optim
     )  # DecentralizedAdam's options as its setting holds them: the run keeps them
     mixed_precision(cfg.train.mixed_precision)  # raises for an unknown setting
+    check_choice("train.log_format", cfg.train.log_format, LOG_FORMATS)
     if not cfg.data.path:
         raise ConfigError(
             "data.path is empty: give the image folder (data=DIR) or a hub name (ILSVRC/imagenet-1k)"
@@ -95,7 +97,6 @@ def main(argv: list[str] | None = None) -> None:
     check(cfg)
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
 
     from decentadam.checkpoint import load_checkpoint
     from decentadam.distributed import init_restartable_process_group
@@ -167,8 +168,6 @@ def main(argv: list[str] | None = None) -> None:
         accelerator.print(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {start_batch})")
     run.keep_metrics_until(step)  # a restart redoes the steps after the checkpoint
     accelerator.init_trackers("tb")
-    if note := one_process_note("recipes.imagenet.train", o, world):  # decentadam: nothing to average
-        accelerator.print(note)
     accelerator.print(
         f"{len(train_set)} training and {len(val_set)} validation images, "
         f"{len(train_source.classes)} classes; {m.name} ({count_parameters(model) / 1e6:.2f}M parameters); "
@@ -212,7 +211,9 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     # 3. Train: log, evaluate and save on the way (off the training clock); once more at the end.
-    progress = tqdm(total=max_steps, initial=step, disable=not accelerator.is_main_process, unit="step")
+    progress = Progress(t.log_format, max_steps, step, main=accelerator.is_main_process)
+    if note := one_process_note("recipes.imagenet.train", o, world):  # decentadam: nothing to average
+        progress.write(note)
     # Since the last log: the loss sum on the device (read, a host-device sync, only at log steps; the
     # float64 sum of the same float32 losses as a host sum), and the batches and images, known here.
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -265,12 +266,14 @@ def main(argv: list[str] | None = None) -> None:
             if step % t.eval_every == 0 or done:
                 scores = evaluate()
                 accelerator.log({f"val/{k}": v for k, v in scores.items()}, step=step)
-                if accelerator.is_main_process:
-                    progress.write(
-                        f"step {step}  val top-1 {100 * scores['top1']:.2f}%  "
-                        f"top-5 {100 * scores['top5']:.2f}%  loss {scores['loss']:.4f}  "
-                        f"({clock.seconds:.0f} s of training)"
-                    )
+                progress.write(
+                    f"step {step}  val top-1 {100 * scores['top1']:.2f}%  "
+                    f"top-5 {100 * scores['top5']:.2f}%  loss {scores['loss']:.4f}  "
+                    f"({clock.seconds:.0f} s of training)",
+                    step=step,
+                    **{f"val/{k}": v for k, v in scores.items()},
+                    **{"train/seconds": clock.seconds},
+                )
                 run.record(
                     {"step": step, "epochs": step / steps_per_epoch, "train_seconds": clock.seconds, **scores}
                 )

@@ -107,6 +107,9 @@ class TrainConfig:
     """Checkpoints kept in the run directory, the newest (0 = all); older ones are deleted."""
     val_tokens: int = 8000
     """Token budget of a validation batch per rank."""
+    log_format: str = "auto"
+    """Progress on stderr (``--log-format``): ``auto`` (a bar on a terminal, else one text line per log
+    step), ``bar``, ``text`` or ``json`` (one JSON object per line); ``recipes/common/progress.py``."""
     mixed_precision: str = "auto"
     """``auto`` (bf16 on a GPU that has it, else fp32), ``no``, ``bf16`` or ``fp16``."""
     timeout_s: float = 0.0

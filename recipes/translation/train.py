@@ -67,6 +67,7 @@ from recipes.common.loop import (
     out_of_time,
 )
 from recipes.common.optim import build_optimizer, resolved
+from recipes.common.progress import LOG_FORMATS, Progress, logger, showing_bars
 from recipes.common.run import RunDirectory
 from recipes.translation import config, data
 from recipes.translation.model import build_model, loss_and_tokens
@@ -85,6 +86,7 @@ def check(cfg: config.Config) -> None:
         cfg.optim
     )  # DecentralizedAdam's options as its setting holds them: the run keeps them
     mixed_precision(cfg.train.mixed_precision)  # raises for an unknown setting
+    check_choice("train.log_format", cfg.train.log_format, LOG_FORMATS)
     if not cfg.data.path:
         raise ConfigError("data.path is empty: give the data directory (data=DIR) or a hub name (wmt/wmt14)")
     if cfg.data.path in data.HUB_PAIRS:
@@ -100,7 +102,6 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
     check(cfg)
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs, set_seed
-    from tqdm.auto import tqdm
 
     from decentadam.checkpoint import load_checkpoint
     from decentadam.distributed import init_restartable_process_group
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
     # and memory-map them (a cache in a node-local directory is built once per node).
     with accelerator.main_process_first(), accelerator.local_main_process_first():
         tokenizer, tokenizer_dir, train_set, val_set = data.prepare_data(
-            d, progress=accelerator.is_main_process
+            d, progress=accelerator.is_main_process and showing_bars(t.log_format)
         )
     pad_id = tokenizer.pad_token_id
     max_tokens = t.global_tokens // (world * t.grad_accum)
@@ -171,8 +172,6 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
         accelerator.print(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {start_batch})")
     run.keep_metrics_until(step)  # a restart redoes the steps after the checkpoint
     accelerator.init_trackers("tb")
-    if note := one_process_note("recipes.translation.train", o, world):  # decentadam: nothing to average
-        accelerator.print(note)
 
     def evaluate() -> float:
         """Validation NLL per target token, of the consensus model (the exact average over ranks)."""
@@ -194,7 +193,9 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
 
     # 3. Training: one optimizer step per grad_accum micro-batches; log, evaluate and save on the way
     # (off the training clock).
-    progress = tqdm(total=t.max_steps, initial=step, disable=not accelerator.is_main_process)
+    progress = Progress(t.log_format, t.max_steps, step, main=accelerator.is_main_process)
+    if note := one_process_note("recipes.translation.train", o, world):  # decentadam: nothing to average
+        progress.write(note)
     # Loss sum, micro-batches, target tokens since the last log, summed on the device: read (a host-device
     # sync) only at log steps. The float64 sums of the same float32 losses give the numbers of a host sum.
     window = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
             progress.update(1)
             stop = step >= t.max_steps
             if step == first_step:  # once per rank: what starting took (data preparation, mostly)
-                print(f"rank {rank}: {first_step_report()}", flush=True)
+                logger.info(f"rank {rank}: {first_step_report()}", extra={"values": {"rank": rank}})
 
             if step % t.log_every == 0 or stop:
                 totals = accelerator.reduce(window, reduction="sum").cpu()
@@ -254,10 +255,10 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
             if step % t.eval_every == 0 or stop:
                 val_nll = evaluate()
                 accelerator.log({"valid/nll": val_nll, "valid/ppl": math.exp(val_nll)}, step=step)
-                if accelerator.is_main_process:  # tqdm.write keeps the bar below the line
-                    progress.write(
-                        f"step {step}  valid nll {val_nll:.4f}  ({clock.seconds:.0f} s of training)"
-                    )
+                progress.write(
+                    f"step {step}  valid nll {val_nll:.4f}  ({clock.seconds:.0f} s of training)",
+                    step=step, **{"valid/nll": val_nll, "train/seconds": clock.seconds},
+                )  # fmt: skip
                 run.record(
                     {"step": step, "train_seconds": clock.seconds, "valid_nll": val_nll, "epoch": epoch}
                 )
