@@ -1,8 +1,10 @@
 """What a recipe run tells its user (issue 46): a one-process decentralized run says what it trains;
-stderr in a file gets plain lines, one per log step, or JSON lines (``--log-format json``)."""
+stderr in a file gets plain lines, one per log step, or JSON lines (``--log-format json``); the
+trackers of ``train.report_to`` get the configuration and the run says where its logs are."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -15,7 +17,7 @@ pytest.importorskip("accelerate", reason="the recipes need pip install '.[recipe
 pytest.importorskip("tokenizers", reason="the translation recipe needs pip install '.[recipes]'")
 pytest.importorskip("tensorboard", reason="the recipes log to TensorBoard")
 
-from recipes.common import optim
+from recipes.common import optim, trackers
 from recipes.common.config import ConfigError
 from recipes.common.launch import environment
 from recipes.common.loop import one_process_note
@@ -125,3 +127,57 @@ def test_a_bar_on_request_and_an_unknown_format_refused(
         ConfigError, match=r"train.log_format = 'lines': expected one of auto, bar, text, json$"
     ):
         text_train.main(tiny(corpus, tmp_path / "bad", "train.log_format=lines"))
+
+
+def test_report_to_tensorboard_records_the_config_and_none_writes_no_tracker_files(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    board = tmp_path / "board"
+    text_train.main(tiny(corpus, board, "--optimizer", "decentralized"))  # the default: tensorboard
+    err = capsys.readouterr().err
+    assert f"run directory {board}: open the logs with `tensorboard --logdir {board / 'tb'}`" in err
+    assert list((board / "tb").rglob("events.out.tfevents.*"))
+    (hparams,) = (board / "tb").rglob("hparams.yml")
+    recorded = yaml.safe_load(hparams.read_text())
+    assert recorded["optim.optimizer"] == "decentralized" and recorded["world_size"] == 1
+    assert recorded["model.d_model"] == 16 and recorded["optim.betas_decentralized"] == "[0.9, 0.98]"
+
+    quiet = tmp_path / "quiet"
+    text_train.main(tiny(corpus, quiet, "--optimizer", "decentralized", "train.report_to=none"))
+    assert f"run directory {quiet}: no tracker (train.report_to=none)" in capsys.readouterr().err
+    assert sorted(p.name for p in quiet.iterdir()) == ["config.toml", "metrics.jsonl", "step-2"]
+
+
+def test_report_to_maps_to_accelerates_trackers_and_refuses_one_not_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "m30k"
+    assert trackers.trackers("tensorboard", run) == (["tensorboard"], {})
+    assert trackers.trackers("none", run) == (None, {})
+    wandb = {"wandb": {"name": "m30k", "dir": str(run)}}
+    assert trackers.trackers("wandb", run) == (["wandb"], wandb)
+    assert trackers.trackers("all", run) == (["all"], wandb)
+    assert "project decentadam, run m30k" in trackers.where_logs_are("wandb", run)
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "wandb" else found(name))
+    with pytest.raises(
+        ConfigError, match=r"report_to = 'wandb', but wandb is not installed: pip install wandb"
+    ):
+        text_train.main(tiny(tmp_path, run, "train.report_to=wandb"))
+    with pytest.raises(
+        ConfigError, match=r"report_to = 'mlflow': expected one of tensorboard, wandb, all, none$"
+    ):
+        text_train.main(tiny(tmp_path, run, "train.report_to=mlflow"))
+    assert not run.exists()  # refused before anything started
+
+
+def test_the_tracker_config_is_flat_scalars_without_unset_options() -> None:
+    cfg = text_train.config.load("demo-synthetic-en-de", ["optim.accum_steps=2"])
+    flat = trackers.tracker_config(cfg, world_size=4)
+    assert flat["optim.accum_steps"] == 2 and flat["world_size"] == 4 and flat["data.src"] == "en"
+    assert flat["optim.betas_allreduce"] == "[0.9, 0.98]"
+    assert "optim.sync_steps" not in flat  # unset: None is no tracker's value
+    assert all(isinstance(v, (int, float, str, bool)) for v in flat.values())

@@ -69,6 +69,7 @@ from recipes.common.loop import (
 from recipes.common.optim import build_optimizer, resolved
 from recipes.common.progress import LOG_FORMATS, Progress, logger, showing_bars
 from recipes.common.run import RunDirectory
+from recipes.common.trackers import PROJECT, check_report_to, tracker_config, trackers, where_logs_are
 from recipes.translation import config, data
 from recipes.translation.model import build_model, loss_and_tokens
 
@@ -87,6 +88,7 @@ def check(cfg: config.Config) -> None:
     )  # DecentralizedAdam's options as its setting holds them: the run keeps them
     mixed_precision(cfg.train.mixed_precision)  # raises for an unknown setting
     check_choice("train.log_format", cfg.train.log_format, LOG_FORMATS)
+    check_report_to(cfg.train.report_to)  # an unknown or uninstalled tracker fails here
     if not cfg.data.path:
         raise ConfigError("data.path is empty: give the data directory (data=DIR) or a hub name (wmt/wmt14)")
     if cfg.data.path in data.HUB_PAIRS:
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
     args, cfg = cli.parse("recipes.translation.train", __doc__ or "", config.PRESETS, OPTIMIZERS, argv)
     check(cfg)
     from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs, set_seed
+    from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration, set_seed
 
     from decentadam.checkpoint import load_checkpoint
     from decentadam.distributed import init_restartable_process_group
@@ -111,11 +113,12 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
     decentralized = o.optimizer == "decentralized"
     timeout = [InitProcessGroupKwargs(timeout=timedelta(seconds=t.timeout_s))] if t.timeout_s else []
     init_restartable_process_group(t.timeout_s)  # under torchrun --max-restarts: each attempt its own keys
+    log_with, init_kwargs = trackers(t.report_to, Path(t.output_dir))
     accelerator = Accelerator(
         cpu=not torch.cuda.is_available(),
         mixed_precision=mixed_precision(t.mixed_precision),
-        log_with="tensorboard",
-        project_dir=t.output_dir,
+        log_with=log_with,
+        project_config=ProjectConfiguration(project_dir=t.output_dir, logging_dir=f"{t.output_dir}/tb"),
         kwargs_handlers=timeout,
     )
     world, rank = accelerator.num_processes, accelerator.process_index
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
         clock = TrainingClock(float(extra["train_seconds"]))
         accelerator.print(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {start_batch})")
     run.keep_metrics_until(step)  # a restart redoes the steps after the checkpoint
-    accelerator.init_trackers("tb")
+    accelerator.init_trackers(PROJECT, tracker_config(cfg, world_size=world), init_kwargs)
 
     def evaluate() -> float:
         """Validation NLL per target token, of the consensus model (the exact average over ranks)."""
@@ -196,6 +199,7 @@ def main(argv: list[str] | None = None, optimizer_class: type[DecentralizedAdam]
     progress = Progress(t.log_format, t.max_steps, step, main=accelerator.is_main_process)
     if note := one_process_note("recipes.translation.train", o, world):  # decentadam: nothing to average
         progress.write(note)
+    progress.write(where_logs_are(t.report_to, run.path))
     # Loss sum, micro-batches, target tokens since the last log, summed on the device: read (a host-device
     # sync) only at log steps. The float64 sums of the same float32 losses give the numbers of a host sum.
     window = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
