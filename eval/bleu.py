@@ -507,5 +507,10 @@ def _summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The command line: ``python -m eval.bleu``, or ``decentadam-bleu`` once installed."""
     main(parser(), _evaluate, summary=_summary)
+
+
+if __name__ == "__main__":
+    run()

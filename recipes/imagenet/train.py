@@ -45,7 +45,7 @@ from __future__ import annotations
 if not __package__:  # run as a file, `recipes` would not be importable
     raise SystemExit(
         f"{__file__} is a module of the recipes package: "
-        "run python -m recipes.imagenet.train from the repository root"
+        "run python -m recipes.imagenet.train (from the repository root, or anywhere once installed)"
     )
 
 import math
@@ -301,5 +301,11 @@ def _to_device(
     return pixels, labels.to(device, non_blocking=True)
 
 
+def run(argv: list[str] | None = None) -> None:
+    """The command line (``python -m recipes.imagenet.train``, ``decentadam-train imagenet``): bad
+    configuration or data is one line and exit code 2."""
+    cli.exit_on_bad_input(lambda: main(argv), (ConfigError, data.DataError), any_rank=(data.UnreadableImage,))
+
+
 if __name__ == "__main__":
-    cli.exit_on_bad_input(main, (ConfigError, data.DataError), any_rank=(data.UnreadableImage,))
+    run()

@@ -40,7 +40,7 @@ from __future__ import annotations
 if not __package__:  # run as a file, `recipes` would not be importable
     raise SystemExit(
         f"{__file__} is a module of the recipes package: "
-        "run python -m recipes.translation.train from the repository root"
+        "run python -m recipes.translation.train (from the repository root, or anywhere once installed)"
     )
 
 import contextlib
@@ -287,5 +287,11 @@ def first_step_report() -> str:
     return f"first optimizer step {seconds:.1f} s after the process started, peak RSS {peak / 2**30:.2f} GiB"
 
 
+def run(argv: list[str] | None = None) -> None:
+    """The command line (``python -m recipes.translation.train``, ``decentadam-train translation``): bad
+    configuration or data is one line and exit code 2."""
+    cli.exit_on_bad_input(lambda: main(argv), (ConfigError, data.DataError))
+
+
 if __name__ == "__main__":
-    cli.exit_on_bad_input(main, (ConfigError, data.DataError))
+    run()
