@@ -139,3 +139,4 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
         logger.removeHandler(self.handler)
+        logger.propagate = True
