@@ -59,6 +59,7 @@ if not __package__:  # run as a file, `eval` would not be a package
 
 import argparse
 import pickle
+import re
 import sys
 import time
 from pathlib import Path
@@ -115,7 +116,13 @@ def load_model(checkpoint: Path, average_last: int, dtype: torch.dtype) -> tuple
                 "decentadam/meta.json): give a recipe's run directory, or drop --average-last"
             )
     for path in paths:
-        _check_directory(path)
+        if path.exists():
+            _check_directory(path)
+        elif not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", str(path)):  # else a hub name, for from_pretrained
+            raise CheckpointError(
+                f"{path} does not exist: give a checkpoint directory, a run directory with --average-last K "
+                "or a hub name (owner/name)"
+            )
 
     def weights(path: Path) -> dict[str, torch.Tensor]:
         with _loading(path, "the model"):
@@ -138,7 +145,7 @@ def load_model(checkpoint: Path, average_last: int, dtype: torch.dtype) -> tuple
 def _check_directory(path: Path) -> None:
     """Raise CheckpointError unless ``path`` holds a config and weights that ``from_pretrained`` reads."""
     if not path.is_dir():
-        raise CheckpointError(f"{path} does not exist: give a directory that from_pretrained loads")
+        raise CheckpointError(f"{path} is a file: give a directory that from_pretrained loads")
     if not (path / "config.json").is_file():
         runs = list_checkpoints(path)
         if runs:

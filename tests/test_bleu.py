@@ -274,3 +274,16 @@ def test_tokenize_score_and_the_paired_bootstrap(tmp_path: Path, capsys: pytest.
     code, _, err = command_line(capsys, str(tmp_path / "model"), "--score", str(perfect), *common)
     assert code == 2 and "not both" in err
     assert command_line(capsys, *common)[0] == 2  # neither
+
+
+def test_a_path_that_does_not_exist_is_exit_4_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_test_set(tmp_path / "data")
+    code, _, err = command_line(
+        capsys, str(tmp_path / "typo"), "--data", str(data), "--src", "en", "--tgt", "de"
+    )
+    assert code == 4 and err == (
+        f"error: {tmp_path / 'typo'} does not exist: give a checkpoint directory, a run directory with "
+        "--average-last K or a hub name (owner/name)\n"
+    )
