@@ -174,5 +174,10 @@ def _evaluate(args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The command line: ``python -m eval.accuracy``, or ``decentadam-accuracy`` once installed."""
     main(parser(), _evaluate)
+
+
+if __name__ == "__main__":
+    run()

@@ -8,7 +8,7 @@ code  meaning
 ====  =======================================================================================
 0     scored: the JSON is on stdout (and in ``--output``)
 1     an unexpected failure (a bug, or the machine): Python's traceback on stderr
-2     bad command line (argparse's usage message)
+2     bad command line (argparse's usage message, or one line for options that do not go together)
 3     the data: a missing or unreadable split or file, misaligned parallel files, no examples
 4     the checkpoint: nothing ``from_pretrained`` loads there, or no checkpoint in a run
       (``--average-last``)
@@ -29,13 +29,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CheckpointError", "DataError", "EvalError", "MismatchError", "OutputError", "main"]
+__all__ = ["CheckpointError", "DataError", "EvalError", "MismatchError", "OutputError", "UsageError", "main"]
 
 
 class EvalError(Exception):
     """Input that cannot be scored; the subclass says which kind, ``exit_code`` its exit code."""
 
     exit_code = 1
+
+
+class UsageError(EvalError):
+    exit_code = 2
 
 
 class DataError(EvalError):

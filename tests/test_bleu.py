@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -113,7 +115,7 @@ def test_command_line_prints_json_writes_output_and_exits_with_the_error_kind(
     assert code == 3 and "error: missing data file" in err
     assert out == ""
     code, _, err = command_line(str(data), *common)
-    assert code == 4 and f"error: {data}: not a seq2seq checkpoint" in err
+    assert code == 4 and f"error: {data / 'config.json'} does not exist: expected a directory that" in err
     code, _, err = command_line(str(tmp_path / "model"), "--average-last", "2", *common)
     assert code == 4 and "holds no complete checkpoint" in err
     (tmp_path / "taken").mkdir()
@@ -153,3 +155,135 @@ def test_average_last_k_averages_the_weights_of_the_last_complete_checkpoints(tm
         if value.is_floating_point():
             assert torch.allclose(value, expected[key], atol=1e-6), key
     assert bleu.score(["ein Mann liest ."], ["ein Mann liest ."])["bleu"] == 100.0
+
+
+def command_line(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int | str | None, str, str]:
+    """``python -m eval.bleu ARGS`` in this process: exit code (0 when it scored), stdout, stderr."""
+    capsys.readouterr()  # not what came before (save_pretrained's bar)
+    try:
+        contract.main(bleu.parser(), bleu._evaluate, list(args), summary=bleu._summary)
+        code: int | str | None = 0
+    except SystemExit as exit_info:
+        code = exit_info.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+class _Pickled:
+    """Unpickles to a call of os.getcwd: code that torch.load(weights_only=True) refuses to run."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return (os.getcwd, ())
+
+
+def test_every_checkpoint_that_does_not_load_is_exit_4_with_one_line_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save_checkpoint(tmp_path / "good", seed=0)
+    data = write_test_set(tmp_path / "data")
+    common = ["--data", str(data), "--src", "en", "--tgt", "de", "--max-len-b", "4"]
+
+    def fails(checkpoint: Path, *more: str) -> str:
+        code, out, err = command_line(capsys, str(checkpoint), *common, *more)
+        assert code == 4 and out == "" and len(err.splitlines()) == 1, err
+        return err
+
+    pickled = tmp_path / "pickled"
+    shutil.copytree(tmp_path / "good", pickled)
+    (pickled / "model.safetensors").unlink()
+    torch.save({"weight": _Pickled()}, pickled / "pytorch_model.bin")
+    assert fails(pickled).startswith(
+        f"error: {pickled / 'pytorch_model.bin'}: torch.load refused to unpickle"
+    )
+
+    missing = tmp_path / "missing"
+    shutil.copytree(tmp_path / "good", missing)
+    (missing / "model.safetensors").unlink()
+    assert fails(missing).startswith(f"error: {missing}: no weights beside config.json")
+
+    unknown = tmp_path / "unknown"
+    shutil.copytree(tmp_path / "good", unknown)
+    config = json.loads((unknown / "config.json").read_text())
+    (unknown / "config.json").write_text(json.dumps({**config, "model_type": "no-such-model"}))
+    assert fails(unknown).startswith(f"error: {unknown / 'config.json'}: ")
+    assert "no-such-model" in fails(unknown)
+
+    run = tmp_path / "run"
+    for step in (10, 20):
+        save_checkpoint(run / f"step-{step}", seed=step)
+        checkpoint_files.state_dir(run / f"step-{step}").mkdir()
+        checkpoint_files.write_meta(
+            run / f"step-{step}", checkpoint_files.RunShape(1, "allreduce", None), step
+        )
+    assert fails(run).startswith(
+        f"error: {run} is a run directory (2 checkpoints, the newest step-20), not a checkpoint: pass "
+        "--average-last 1"
+    )
+    assert command_line(capsys, str(run), *common, "--average-last", "1")[0] == 0
+
+
+def test_the_split_comes_from_the_run_or_the_data_and_a_missing_one_lists_those_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save_checkpoint(tmp_path / "run" / "step-2", seed=0)
+    data = write_test_set(tmp_path / "data")
+    common = ["--data", str(data), "--src", "en", "--tgt", "de", "--max-len-b", "4"]
+    code, out, _ = command_line(capsys, str(tmp_path / "run" / "step-2"), *common)
+    assert code == 0 and json.loads(out)["split"] == "test"  # the data's only test* split
+
+    (tmp_path / "run" / "config.toml").write_text('[data]\ntest_split = "dev"\n')  # the run's, first
+    code, _, err = command_line(capsys, str(tmp_path / "run" / "step-2"), *common)
+    assert code == 3 and f"missing data file {data / 'dev.en'}" in err
+    assert "there is no dev.* file (the splits here: test)" in err
+
+    for name in ("test_a.en", "test_a.de"):
+        shutil.copy(data / name.replace("test_a", "test"), data / name)
+    code, _, err = command_line(capsys, str(tmp_path / "model-elsewhere"), *common)
+    assert code == 3 and err == (
+        f"error: no --split given and {data} has several test splits (test, test_a): pass --split NAME\n"
+    )
+
+
+def test_tokenize_score_and_the_paired_bootstrap(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_test_set(tmp_path / "data")
+    common = ["--data", str(data), "--src", "en", "--tgt", "de", "--split", "test"]
+    perfect, worse = tmp_path / "perfect.txt", tmp_path / "worse.txt"
+    perfect.write_text("".join(t + "\n" for t in TARGETS))
+    worse.write_text("".join(" ".join(t.split()[:2]) + "\n" for t in TARGETS))
+
+    code, out, err = command_line(capsys, "--score", str(perfect), *common, "--tokenize", "char")
+    result = json.loads(out)
+    assert code == 0 and result["bleu"] == 100.0 and result["scored"] == str(perfect)
+    assert "|tok:char|" in result["bleu_signature"] and "4 sentences of" in err
+    assert command_line(capsys, "--score", str(perfect), *common, "--tokenize", "nope")[0] == 2
+
+    code, out, err = command_line(capsys, "--score", str(perfect), *common, "--compare", str(worse))
+    paired = json.loads(out)["compare"]
+    assert code == 0 and paired["other"] == str(worse)
+    assert paired["bleu"]["this"] == 100.0 and paired["bleu"]["other"] < 100.0
+    assert 0 <= paired["bleu"]["p_value"] <= 1 and "bs:1000" in paired["bleu"]["signature"]
+    assert paired["chrf"]["this"] == 100.0 and "p = " in err
+
+    worse.write_text("one line\n")
+    code, _, err = command_line(capsys, "--score", str(perfect), *common, "--compare", str(worse))
+    assert code == 3 and err == (
+        f"error: --compare {worse} has 1 lines but the test set has 4 sentences: expected one hypothesis "
+        "per line, in the test set's order (what --hypotheses writes)\n"
+    )
+    save_checkpoint(tmp_path / "model", seed=0)
+    code, _, err = command_line(capsys, str(tmp_path / "model"), "--score", str(perfect), *common)
+    assert code == 2 and "not both" in err
+    assert command_line(capsys, *common)[0] == 2  # neither
+
+
+def test_a_path_that_does_not_exist_is_exit_4_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_test_set(tmp_path / "data")
+    code, _, err = command_line(
+        capsys, str(tmp_path / "typo"), "--data", str(data), "--src", "en", "--tgt", "de"
+    )
+    assert code == 4 and err == (
+        f"error: {tmp_path / 'typo'} does not exist: give a checkpoint directory, a run directory with "
+        "--average-last K or a hub name (owner/name)\n"
+    )

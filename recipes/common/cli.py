@@ -2,7 +2,8 @@
 
 Every recipe takes the same flags: ``--preset NAME`` (a file of the recipe's ``presets/`` or a
 ``.toml`` path), the shortcuts ``--optimizer``, ``--setting``, ``--topology``, ``--accum-steps``,
-``--local-world-size`` and ``--output-dir`` for the ``optim.*`` and ``train.output_dir`` settings,
+``--local-world-size``, ``--output-dir`` and ``--log-format`` for the ``optim.*``,
+``train.output_dir`` and ``train.log_format`` settings,
 ``--resume [auto|must]`` (a bare ``--resume`` is ``must``; see
 :meth:`recipes.common.run.RunDirectory.resume_from`), and ``section.key=value`` overrides before or
 after them (:mod:`recipes.common.config`).
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from recipes.common.config import Presets
+from recipes.common.progress import LOG_FORMATS
 
 __all__ = ["exit_on_bad_input", "parse"]
 
@@ -49,6 +51,12 @@ def parse(
     parser.add_argument("--local-world-size", type=int, help="ranks per node (optim.local_world_size)")
     parser.add_argument("--output-dir", help="run directory (train.output_dir)")
     parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        help="progress on stderr (train.log_format): a bar on a terminal, else one text line per log step "
+        "(auto, the default), or always bar, text, or json lines",
+    )
+    parser.add_argument(
         "--resume",
         nargs="?",
         choices=RESUME_CHOICES,
@@ -74,6 +82,7 @@ def parse(
         "optim.accum_steps": args.accum_steps,
         "optim.local_world_size": args.local_world_size,
         "train.output_dir": args.output_dir,
+        "train.log_format": args.log_format,
     }
     overrides = list(args.overrides) + [f"{k}={json.dumps(v)}" for k, v in flags.items() if v is not None]
     return args, presets.load(args.preset, overrides)

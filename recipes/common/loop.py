@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from decentadam import CommStats
+    from recipes.common.progress import Progress
 
 __all__ = [
     "PRECISIONS",
@@ -35,6 +36,7 @@ __all__ = [
     "finish",
     "log_step",
     "mixed_precision",
+    "one_process_note",
     "out_of_time",
 ]
 
@@ -47,6 +49,24 @@ def mixed_precision(setting: str) -> str:
     if setting != "auto":
         return setting
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+
+
+def one_process_note(module: str, o: Any, world: int) -> str | None:
+    """What a decentralized run on one process trains (its local optimizer alone: nothing to average
+    with) and how to launch several; None for several processes or All-Reduce. ``o`` is the resolved
+    ``[optim]`` section."""
+    if world > 1 or o.optimizer not in ("decentralized", "a2cid2"):
+        return None
+    if o.algorithm == "sgd":
+        local = "SGD with momentum"
+    else:
+        local = "AccumAdam" if (o.accum_steps or 1) > 1 else "Adam (AccumAdam with s = 1)"
+    return (
+        f"one process: --optimizer {o.optimizer} has no other rank to average with, so this run is plain "
+        f"{local} (consensus distance 0). To train on N processes, launch it with "
+        f"`ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N -m {module} ...` "
+        f"(CPU, gloo; without ACCELERATE_USE_CPU on GPUs) or `torchrun --nproc-per-node N -m {module} ...`"
+    )
 
 
 class TrainingClock:
@@ -116,14 +136,15 @@ class Parallel(Protocol):
 
 def log_step(
     accelerator: Accelerator,
-    progress: Any,
+    progress: Progress,
     step: int,
     values: dict[str, Any],
     postfix: dict[str, str],
     optimizer: Any | None,
     since: CommStats | None,
 ) -> CommStats | None:
-    """Log a step's ``values`` (TensorBoard) and ``postfix`` (the progress bar), with the peak GPU
+    """Log a step's ``values`` (the trackers, and a JSON log line) and ``postfix`` (the bar or a text
+    line: :class:`recipes.common.progress.Progress`), with the peak GPU
     memory and, for a decentralized ``optimizer`` (None: All-Reduce), the consensus distance and the
     communication wait since ``since``: a collective. Returns the counters to pass as ``since`` next."""
     from decentadam.consensus import metrics, unwrap_optimizer
@@ -137,12 +158,12 @@ def log_step(
         values["decentadam/comm_wait_ms"] = health["decentadam/comm_wait_ms"]
         postfix["consensus"] = f"{health['decentadam/consensus_distance_rel']:.1e}"
     accelerator.log(values, step=step)
-    progress.set_postfix(postfix)
+    progress.log(step, values, postfix)
     return since
 
 
 def finish(
-    accelerator: Accelerator, progress: Any, optimizer: Any | None, step: int, seconds: float, run: Path
+    accelerator: Accelerator, progress: Progress, optimizer: Any | None, step: int, seconds: float, run: Path
 ) -> None:
     """End the run: close a decentralized ``optimizer`` (its last exchange finishes, its groups are
     released), end the trackers and print the last line."""

@@ -5,7 +5,8 @@
     OUTPUT_DIR/
       config.toml      the effective configuration, written at every start (and resume)
       metrics.jsonl    one JSON line per evaluation: step, train_seconds and the recipe's scores
-      tb/              TensorBoard events
+      tb/              TensorBoard events (train.report_to, recipes/common/trackers.py)
+      wandb/           Weights & Biases' files, with train.report_to = wandb or all
       step-N/          the checkpoint after N optimizer steps
 
 Each ``step-N`` is written by :func:`decentadam.checkpoint.save_checkpoint` (a Hugging Face model
@@ -43,7 +44,7 @@ RESUME_MODES = ("none", "must", "auto")
 """``--resume``: absent (a new run), bare or ``must`` (continue from the newest checkpoint), ``auto``
 (continue if the run directory holds a checkpoint, else start a new run)."""
 
-_OWN_FILES = frozenset(("config.toml", "metrics.jsonl", "metrics.jsonl.tmp", "tb"))
+_OWN_FILES = frozenset(("config.toml", "metrics.jsonl", "metrics.jsonl.tmp", "tb", "wandb"))
 """What a recipe writes into its run directory besides the numbered checkpoints."""
 _OWN_HIDDEN = re.compile(r"^\.[A-Za-z_]+-\d+\.(incomplete|previous|deleting)$")
 """A save's staging and swap directories (checkpoint_files.sibling), and a deletion in progress."""

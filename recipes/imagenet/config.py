@@ -101,10 +101,17 @@ class TrainConfig:
     log step. Training time includes waiting for data; logging, evaluation and saving are excluded."""
     keep_last: int = 3
     """Checkpoints kept in the run directory, the newest (0 = all); older ones are deleted."""
+    report_to: str = "tensorboard"
+    """Tracker of the logged values (``recipes/common/trackers.py``): ``tensorboard`` (events under
+    ``tb/``), ``wandb``, ``all`` (every installed one) or ``none``."""
+    log_format: str = "auto"
+    """Progress on stderr (``--log-format``): ``auto`` (a bar on a terminal, else one text line per log
+    step), ``bar``, ``text`` or ``json`` (one JSON object per line); ``recipes/common/progress.py``."""
     mixed_precision: str = "auto"
     """``auto`` (bf16 on a GPU that supports it, else fp32), ``no``, ``bf16`` or ``fp16``."""
     output_dir: str = "runs/imagenet"
-    """Run directory: config.toml, metrics.jsonl, TensorBoard events under tb/, step-N checkpoints."""
+    """Run directory: config.toml, metrics.jsonl, TensorBoard events under tb/ (W&B files under
+    wandb/), step-N checkpoints."""
 
 
 @dataclass

@@ -45,7 +45,7 @@ from __future__ import annotations
 if not __package__:  # run as a file, `recipes` would not be importable
     raise SystemExit(
         f"{__file__} is a module of the recipes package: "
-        "run python -m recipes.imagenet.train from the repository root"
+        "run python -m recipes.imagenet.train (from the repository root, or anywhere once installed)"
     )
 
 import math
@@ -57,9 +57,19 @@ import torch.nn.functional as F
 
 from recipes.common import cli
 from recipes.common.config import ConfigError, check_choice, check_positive
-from recipes.common.loop import TrainingClock, consensus, finish, log_step, mixed_precision, out_of_time
+from recipes.common.loop import (
+    TrainingClock,
+    consensus,
+    finish,
+    log_step,
+    mixed_precision,
+    one_process_note,
+    out_of_time,
+)
 from recipes.common.optim import ALGORITHMS, OPTIMIZERS, build_optimizer, is_decentralized, resolved
+from recipes.common.progress import LOG_FORMATS, Progress
 from recipes.common.run import RunDirectory
+from recipes.common.trackers import PROJECT, check_report_to, tracker_config, trackers, where_logs_are
 from recipes.imagenet import data
 from recipes.imagenet.config import PRESETS, Config, dump
 from recipes.imagenet.model import build_model, count_parameters, logits, to_channels_last
@@ -74,6 +84,8 @@ def check(cfg: Config) -> None:
         cfg.optim
     )  # DecentralizedAdam's options as its setting holds them: the run keeps them
     mixed_precision(cfg.train.mixed_precision)  # raises for an unknown setting
+    check_choice("train.log_format", cfg.train.log_format, LOG_FORMATS)
+    check_report_to(cfg.train.report_to)  # an unknown or uninstalled tracker fails here
     if not cfg.data.path:
         raise ConfigError(
             "data.path is empty: give the image folder (data=DIR) or a hub name (ILSVRC/imagenet-1k)"
@@ -86,8 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     args, cfg = cli.parse("recipes.imagenet.train", __doc__ or "", PRESETS, OPTIMIZERS, argv)
     check(cfg)
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
+    from accelerate.utils import ProjectConfiguration, set_seed
 
     from decentadam.checkpoint import load_checkpoint
     from decentadam.distributed import init_restartable_process_group
@@ -97,9 +108,10 @@ def main(argv: list[str] | None = None) -> None:
     decentralized = is_decentralized(o.optimizer)  # each rank its own model
     gpu = torch.cuda.is_available()
     init_restartable_process_group()  # under torchrun --max-restarts: each attempt its own keys
+    log_with, init_kwargs = trackers(t.report_to, Path(t.output_dir))
     accelerator = Accelerator(
-        cpu=not gpu, mixed_precision=mixed_precision(t.mixed_precision), log_with="tensorboard",
-        project_dir=t.output_dir,
+        cpu=not gpu, mixed_precision=mixed_precision(t.mixed_precision), log_with=log_with,
+        project_config=ProjectConfiguration(project_dir=t.output_dir, logging_dir=f"{t.output_dir}/tb"),
     )  # fmt: skip
     world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
     run = RunDirectory(Path(t.output_dir), accelerator)
@@ -158,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         clock = TrainingClock(float(extra["train_seconds"]))
         accelerator.print(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {start_batch})")
     run.keep_metrics_until(step)  # a restart redoes the steps after the checkpoint
-    accelerator.init_trackers("tb")
+    accelerator.init_trackers(PROJECT, tracker_config(cfg, world_size=world), init_kwargs)
     accelerator.print(
         f"{len(train_set)} training and {len(val_set)} validation images, "
         f"{len(train_source.classes)} classes; {m.name} ({count_parameters(model) / 1e6:.2f}M parameters); "
@@ -202,7 +214,10 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     # 3. Train: log, evaluate and save on the way (off the training clock); once more at the end.
-    progress = tqdm(total=max_steps, initial=step, disable=not accelerator.is_main_process, unit="step")
+    progress = Progress(t.log_format, max_steps, step, main=accelerator.is_main_process)
+    if note := one_process_note("recipes.imagenet.train", o, world):  # decentadam: nothing to average
+        progress.write(note)
+    progress.write(where_logs_are(t.report_to, run.path))
     # Since the last log: the loss sum on the device (read, a host-device sync, only at log steps; the
     # float64 sum of the same float32 losses as a host sum), and the batches and images, known here.
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -255,12 +270,14 @@ def main(argv: list[str] | None = None) -> None:
             if step % t.eval_every == 0 or done:
                 scores = evaluate()
                 accelerator.log({f"val/{k}": v for k, v in scores.items()}, step=step)
-                if accelerator.is_main_process:
-                    progress.write(
-                        f"step {step}  val top-1 {100 * scores['top1']:.2f}%  "
-                        f"top-5 {100 * scores['top5']:.2f}%  loss {scores['loss']:.4f}  "
-                        f"({clock.seconds:.0f} s of training)"
-                    )
+                progress.write(
+                    f"step {step}  val top-1 {100 * scores['top1']:.2f}%  "
+                    f"top-5 {100 * scores['top5']:.2f}%  loss {scores['loss']:.4f}  "
+                    f"({clock.seconds:.0f} s of training)",
+                    step=step,
+                    **{f"val/{k}": v for k, v in scores.items()},
+                    **{"train/seconds": clock.seconds},
+                )
                 run.record(
                     {"step": step, "epochs": step / steps_per_epoch, "train_seconds": clock.seconds, **scores}
                 )
@@ -284,5 +301,11 @@ def _to_device(
     return pixels, labels.to(device, non_blocking=True)
 
 
+def run(argv: list[str] | None = None) -> None:
+    """The command line (``python -m recipes.imagenet.train``, ``decentadam-train imagenet``): bad
+    configuration or data is one line and exit code 2."""
+    cli.exit_on_bad_input(lambda: main(argv), (ConfigError, data.DataError), any_rank=(data.UnreadableImage,))
+
+
 if __name__ == "__main__":
-    cli.exit_on_bad_input(main, (ConfigError, data.DataError), any_rank=(data.UnreadableImage,))
+    run()

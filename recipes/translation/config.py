@@ -107,6 +107,12 @@ class TrainConfig:
     """Checkpoints kept in the run directory, the newest (0 = all); older ones are deleted."""
     val_tokens: int = 8000
     """Token budget of a validation batch per rank."""
+    report_to: str = "tensorboard"
+    """Tracker of the logged values (``recipes/common/trackers.py``): ``tensorboard`` (events under
+    ``tb/``), ``wandb``, ``all`` (every installed one) or ``none``."""
+    log_format: str = "auto"
+    """Progress on stderr (``--log-format``): ``auto`` (a bar on a terminal, else one text line per log
+    step), ``bar``, ``text`` or ``json`` (one JSON object per line); ``recipes/common/progress.py``."""
     mixed_precision: str = "auto"
     """``auto`` (bf16 on a GPU that has it, else fp32), ``no``, ``bf16`` or ``fp16``."""
     timeout_s: float = 0.0
@@ -114,7 +120,8 @@ class TrainConfig:
     the run fails (0 = torch's default, 30 minutes); a launcher's --max-restarts then restarts it,
     and ``--resume auto`` continues from the last checkpoint."""
     output_dir: str = "runs/translation"
-    """Run directory: config.toml, metrics.jsonl, TensorBoard events under tb/, step-N checkpoints."""
+    """Run directory: config.toml, metrics.jsonl, TensorBoard events under tb/ (W&B files under
+    wandb/), step-N checkpoints."""
 
 
 @dataclass

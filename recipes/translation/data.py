@@ -73,10 +73,23 @@ def split_file(directory: str | os.PathLike[str], split: str, lang: str) -> Path
             return root / name
     languages = sorted({p.name.split(".")[1] for p in root.iterdir() if p.name.startswith(f"{split}.")})
     found = f"; {split} exists in {', '.join(languages)}" if languages else f"; there is no {split}.* file"
+    if not languages:
+        splits = sorted({p.name.split(".")[0] for p in root.iterdir() if p.is_file() and "." in p.name})
+        found += f" (the splits here: {', '.join(splits)})" if splits else " (nor any other split)"
     raise DataError(
         f"missing data file {root / f'{split}.{lang}'} (or {split}.{lang}.gz): expected one sentence per "
         f"line{found}"
     )
+
+
+def local_splits(source: str | os.PathLike[str]) -> list[str] | None:
+    """The splits of a directory of ``{split}.{lang}[.gz]`` files (those with a file in any
+    language), sorted; None when ``source`` is not such a directory (a ``datasets`` one, a hub name)."""
+    root = Path(source)
+    if not root.is_dir() or data_sources.source_kind(str(root), files="", hub="") != "files":
+        return None
+    names = {p.name.removesuffix(".gz") for p in root.iterdir() if p.is_file()}
+    return sorted({name.rsplit(".", 1)[0] for name in names if "." in name})
 
 
 def stream_lines(path: Path, chunk: int = 100_000) -> Iterator[list[str]]:

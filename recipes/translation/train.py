@@ -18,7 +18,8 @@ WMT14 Transformer-base, 2 nodes x 8 GPUs in bf16 (on each node, with its ``--mac
         --main_process_ip HOST --main_process_port 29500 --mixed_precision bf16 \\
         -m recipes.translation.train --preset wmt14-en-de-base --optimizer decentralized
 
-One process is ``python -m recipes.translation.train --preset multi30k-en-de data=DIR``.
+One process is ``python -m recipes.translation.train --preset multi30k-en-de data=DIR``; with
+``--optimizer decentralized`` it is plain (Accum)Adam, nothing to average with, and says so once.
 
 The configuration is a preset (``presets/NAME.toml`` or a path) with ``section.key=value``
 overrides (see ``config.py``); the effective one is written to ``OUTPUT_DIR/config.toml``.
@@ -39,7 +40,7 @@ from __future__ import annotations
 if not __package__:  # run as a file, `recipes` would not be importable
     raise SystemExit(
         f"{__file__} is a module of the recipes package: "
-        "run python -m recipes.translation.train from the repository root"
+        "run python -m recipes.translation.train (from the repository root, or anywhere once installed)"
     )
 
 import contextlib
@@ -63,10 +64,13 @@ from recipes.common.loop import (
     finish,
     log_step,
     mixed_precision,
+    one_process_note,
     out_of_time,
 )
 from recipes.common.optim import build_optimizer, resolved
+from recipes.common.progress import LOG_FORMATS, Progress, logger, showing_bars
 from recipes.common.run import RunDirectory
+from recipes.common.trackers import PROJECT, check_report_to, tracker_config, trackers, where_logs_are
 from recipes.translation import config, data
 from recipes.translation.model import build_model, loss_and_tokens
 
@@ -84,6 +88,8 @@ def check(cfg: config.Config) -> None:
         cfg.optim
     )  # DecentralizedAdam's options as its setting holds them: the run keeps them
     mixed_precision(cfg.train.mixed_precision)  # raises for an unknown setting
+    check_choice("train.log_format", cfg.train.log_format, LOG_FORMATS)
+    check_report_to(cfg.train.report_to)  # an unknown or uninstalled tracker fails here
     if not cfg.data.path:
         raise ConfigError("data.path is empty: give the data directory (data=DIR) or a hub name (wmt/wmt14)")
     if cfg.data.path in data.HUB_PAIRS:
@@ -104,8 +110,7 @@ def main(
     args, cfg = cli.parse("recipes.translation.train", __doc__ or "", config.PRESETS, OPTIMIZERS, argv)
     check(cfg)
     from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs, set_seed
-    from tqdm.auto import tqdm
+    from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration, set_seed
 
     from decentadam.checkpoint import load_checkpoint
     from decentadam.distributed import init_restartable_process_group
@@ -115,11 +120,12 @@ def main(
     decentralized = o.optimizer == "decentralized"
     timeout = [InitProcessGroupKwargs(timeout=timedelta(seconds=t.timeout_s))] if t.timeout_s else []
     init_restartable_process_group(t.timeout_s)  # under torchrun --max-restarts: each attempt its own keys
+    log_with, init_kwargs = trackers(t.report_to, Path(t.output_dir))
     accelerator = Accelerator(
         cpu=not torch.cuda.is_available(),
         mixed_precision=mixed_precision(t.mixed_precision),
-        log_with="tensorboard",
-        project_dir=t.output_dir,
+        log_with=log_with,
+        project_config=ProjectConfiguration(project_dir=t.output_dir, logging_dir=f"{t.output_dir}/tb"),
         kwargs_handlers=timeout,
     )
     world, rank = accelerator.num_processes, accelerator.process_index
@@ -131,7 +137,7 @@ def main(
     # and memory-map them (a cache in a node-local directory is built once per node).
     with accelerator.main_process_first(), accelerator.local_main_process_first():
         tokenizer, tokenizer_dir, train_set, val_set = data.prepare_data(
-            d, progress=accelerator.is_main_process
+            d, progress=accelerator.is_main_process and showing_bars(t.log_format)
         )
     pad_id = tokenizer.pad_token_id
     max_tokens = t.global_tokens // (world * t.grad_accum)
@@ -178,7 +184,7 @@ def main(
         clock = TrainingClock(float(extra["train_seconds"]))
         accelerator.print(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {start_batch})")
     run.keep_metrics_until(step)  # a restart redoes the steps after the checkpoint
-    accelerator.init_trackers("tb")
+    accelerator.init_trackers(PROJECT, tracker_config(cfg, world_size=world), init_kwargs)
 
     def evaluate() -> float:
         """Validation NLL per target token, of the consensus model (the exact average over ranks)."""
@@ -201,7 +207,10 @@ def main(
 
     # 3. Training: one optimizer step per grad_accum micro-batches; log, evaluate and save on the way
     # (off the training clock).
-    progress = tqdm(total=t.max_steps, initial=step, disable=not accelerator.is_main_process)
+    progress = Progress(t.log_format, t.max_steps, step, main=accelerator.is_main_process)
+    if note := one_process_note("recipes.translation.train", o, world):  # decentadam: nothing to average
+        progress.write(note)
+    progress.write(where_logs_are(t.report_to, run.path))
     # Loss sum, micro-batches, target tokens since the last log, summed on the device: read (a host-device
     # sync) only at log steps. The float64 sums of the same float32 losses give the numbers of a host sum.
     window = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
@@ -238,7 +247,7 @@ def main(
             progress.update(1)
             stop = step >= t.max_steps
             if step == first_step:  # once per rank: what starting took (data preparation, mostly)
-                print(f"rank {rank}: {first_step_report()}", flush=True)
+                logger.info(f"rank {rank}: {first_step_report()}", extra={"values": {"rank": rank}})
 
             if step % t.log_every == 0 or stop:
                 totals = accelerator.reduce(window, reduction="sum").cpu()
@@ -261,10 +270,10 @@ def main(
             if step % t.eval_every == 0 or stop:
                 val_nll = evaluate()
                 accelerator.log({"valid/nll": val_nll, "valid/ppl": math.exp(val_nll)}, step=step)
-                if accelerator.is_main_process:  # tqdm.write keeps the bar below the line
-                    progress.write(
-                        f"step {step}  valid nll {val_nll:.4f}  ({clock.seconds:.0f} s of training)"
-                    )
+                progress.write(
+                    f"step {step}  valid nll {val_nll:.4f}  ({clock.seconds:.0f} s of training)",
+                    step=step, **{"valid/nll": val_nll, "train/seconds": clock.seconds},
+                )  # fmt: skip
                 run.record(
                     {"step": step, "train_seconds": clock.seconds, "valid_nll": val_nll, "epoch": epoch}
                 )
@@ -289,5 +298,11 @@ def first_step_report() -> str:
     return f"first optimizer step {seconds:.1f} s after the process started, peak RSS {peak / 2**30:.2f} GiB"
 
 
+def run(argv: list[str] | None = None) -> None:
+    """The command line (``python -m recipes.translation.train``, ``decentadam-train translation``): bad
+    configuration or data is one line and exit code 2."""
+    cli.exit_on_bad_input(lambda: main(argv), (ConfigError, data.DataError))
+
+
 if __name__ == "__main__":
-    cli.exit_on_bad_input(main, (ConfigError, data.DataError))
+    run()
