@@ -8,6 +8,7 @@ with its signature), not the score.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -104,6 +105,10 @@ def test_train_checkpoint_resume_and_bleu(optimizer: str, corpus: Path, tmp_path
     curves = [(run / "metrics.jsonl").read_text().splitlines() for run in (straight, resumed)]
     nll = [[round(json.loads(line)["valid_nll"], 4) for line in curve] for curve in curves]
     assert nll[0] == nll[1]
+    # the training loss since the previous evaluation (steps 3-4 in both runs: the resume starts at 2)
+    train_loss = [[json.loads(line)["train_loss"] for line in curve] for curve in curves]
+    assert all(math.isfinite(v) and v > 0 for v in train_loss[0])
+    assert train_loss[1][-1] == pytest.approx(train_loss[0][-1], rel=1e-4)
 
     checkpoint = straight / "step-4"
     model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint)  # the checkpoint is a HF model directory

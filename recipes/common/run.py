@@ -4,7 +4,8 @@
 
     OUTPUT_DIR/
       config.toml      the effective configuration, written at every start (and resume)
-      metrics.jsonl    one JSON line per evaluation: step, train_seconds and the recipe's scores
+      metrics.jsonl    one JSON line per evaluation: step, train_seconds, the recipe's scores and
+                       train_loss (the mean training loss of the logged steps since the previous one)
       tb/              TensorBoard events (train.report_to, recipes/common/trackers.py)
       wandb/           Weights & Biases' files, with train.report_to = wandb or all
       step-N/          the checkpoint after N optimizer steps

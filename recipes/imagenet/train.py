@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     batches_seen = images_seen = 0
     window_start = clock.seconds
+    logged = [0.0, 0.0]  # loss sum and batches of the logged windows since the last evaluation
     since = None  # decentadam: communication counters at the previous log
     done = step >= max_steps
     model.train()
@@ -249,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
             if step % t.log_every == 0 or done:
                 counts = torch.tensor([batches_seen, images_seen], dtype=torch.float64, device=device)
                 totals = accelerator.reduce(torch.cat((loss_sum[None], counts)), reduction="sum").cpu()
+                logged = [logged[0] + float(totals[0]), logged[1] + float(totals[1])]
                 values = {
                     "train/loss": float(totals[0] / totals[1]),
                     "train/images_per_s": float(totals[2]) / max(clock.seconds - window_start, 1e-9),
@@ -278,9 +280,16 @@ def main(argv: list[str] | None = None) -> None:
                     **{f"val/{k}": v for k, v in scores.items()},
                     **{"train/seconds": clock.seconds},
                 )
-                run.record(
-                    {"step": step, "epochs": step / steps_per_epoch, "train_seconds": clock.seconds, **scores}
-                )
+                record = {
+                    "step": step,
+                    "epochs": step / steps_per_epoch,
+                    "train_seconds": clock.seconds,
+                    **scores,
+                }
+                if logged[1] > 0:  # the training loss (label-smoothed, as optimized) since the last one
+                    record["train_loss"] = logged[0] / logged[1]
+                run.record(record)
+                logged = [0.0, 0.0]
             if step % t.save_every == 0 or done:
                 save()
             if done:

@@ -216,6 +216,7 @@ def main(
     window = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
     one = torch.ones((), dtype=torch.float64, device=accelerator.device)
     window_start = clock.seconds
+    logged = [0.0, 0.0]  # loss sum and micro-batches of the logged windows since the last evaluation
     since = None  # decentadam: communication counters at the last log
     stop = step >= t.max_steps
     first_step = step + 1
@@ -251,6 +252,7 @@ def main(
 
             if step % t.log_every == 0 or stop:
                 totals = accelerator.reduce(window, reduction="sum").cpu()
+                logged = [logged[0] + float(totals[0]), logged[1] + float(totals[1])]
                 values = {
                     "train/loss": float(totals[0] / totals[1]),
                     "train/tokens_per_s": float(totals[2]) / max(clock.seconds - window_start, 1e-9),
@@ -274,9 +276,11 @@ def main(
                     f"step {step}  valid nll {val_nll:.4f}  ({clock.seconds:.0f} s of training)",
                     step=step, **{"valid/nll": val_nll, "train/seconds": clock.seconds},
                 )  # fmt: skip
-                run.record(
-                    {"step": step, "train_seconds": clock.seconds, "valid_nll": val_nll, "epoch": epoch}
-                )
+                record = {"step": step, "train_seconds": clock.seconds, "valid_nll": val_nll, "epoch": epoch}
+                if logged[1] > 0:  # the training loss (label-smoothed, as optimized) since the last one
+                    record["train_loss"] = logged[0] / logged[1]
+                run.record(record)
+                logged = [0.0, 0.0]
             if step % t.save_every == 0 or stop:
                 save()
             if stop:
