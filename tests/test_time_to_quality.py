@@ -326,6 +326,78 @@ def test_bleu_in_all_reduce_s_time_scores_the_last_checkpoint_within_it(
     assert [p.name for p in checkpoints(tmp_path / "allreduce")] == ["step-30"]
 
 
+def test_a_failed_training_is_reported_with_its_reason_and_is_no_target_and_wins_no_goal(
+    tmp_path: Path,
+) -> None:
+    report = made_up_report()
+    runs = report["runs"]
+    runs["allreduce/seed2"]["curve"] = runs["allreduce/seed2"]["curve"][:1]  # died after step 10
+    runs["allreduce/seed2"]["failed"] = "allreduce-seed2: a rank exited with code 1; its log (r1.log):\nOOM"
+    del runs["allreduce/seed2"]["bleu"], runs["allreduce/seed2"]["bleu_in_allreduce_time"]
+    runs["powersgd/seed1"]["failed"] = "powersgd-seed1: a rank hung past --timeout 30 s"
+    report = json.loads(reporting.write_report(report, tmp_path)[1].read_text())
+    assert report["runs"]["decentadam-default/seed2"]["target_valid_nll"] is None  # not DDP's final loss
+    assert report["runs"]["decentadam-default/seed1"]["target_valid_nll"] == 3.0
+    assert report["methods"]["allreduce"]["failed_seeds"] == [2]
+    assert report["methods"]["decentadam-default"]["failed_seeds"] == []
+    goals = {g["goal"]: g for g in report["goals"]}
+    powersgd = goals[f"the default reaches it sooner than {methods.label('powersgd')}"]
+    assert not powersgd["met"] and powersgd["measured"].endswith("(a training failed)")
+    md = (tmp_path / "time_to_quality.md").read_text()
+    assert "## Failed trainings" in md
+    assert (
+        "- `allreduce/seed2`: last evaluation at step 10 of 30; allreduce-seed2: a rank exited with code 1; "
+        "its log (r1.log):" in md
+    )
+    assert "- `powersgd/seed1`: last evaluation at step 30 of 30; powersgd-seed1: a rank hung" in md
+    assert "| DDP + AdamW (float32) (FAILED: seed 2) | not reached (60; not reached) |" in md  # no target
+    assert "| 2 | `allreduce/seed2` (failed) |" in md
+
+
+def test_a_training_that_fails_returns_its_reason_and_is_not_scored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Cluster:
+        def link_bytes(self) -> list[tuple[int, int]]:
+            return [(0, 0), (0, 0)]
+
+    def run_all(commands: Any, timeout_s: float, what: str, echo: bool = False) -> None:
+        raise RuntimeError(
+            f"{what}: a rank exited with code 1; its log (x.log):\nTraceback ...\nValueError: nan"
+        )
+
+    monkeypatch.setattr(launch, "rank_commands", lambda *args: [])
+    monkeypatch.setattr(launch, "run_all", run_all)
+    settings = parse_args(["--data", str(tmp_path), "--methods", "allreduce", "--steps", "30"])
+    result = launch.train(
+        Cluster(), Job("powersgd", 2, 1e-3), settings, tmp_path / "powersgd-seed2", tmp_path, 5
+    )  # type: ignore[arg-type]
+    assert (
+        result["failed"].startswith("powersgd-seed2: a rank exited with code 1")
+        and "ValueError: nan" in result["failed"]
+    )
+    assert (result["method"], result["seed"], result["steps"]) == ("powersgd", 2, 30)
+
+    scored: list[str] = []
+
+    def bleu(run: Path, *_: Any) -> tuple[list[str], dict[str, Any]]:
+        scored.append(run.name)
+        return ["eval.bleu", str(run)], {"bleu": 1.0}
+
+    monkeypatch.setattr(cli, "_bleu", bleu)
+    monkeypatch.setattr(cli, "list_checkpoints", lambda run: [])
+    curve = points((10, 5.0, 5.0))
+    trained = {
+        "allreduce/seed2": {"method": "allreduce", "seed": 2, "lr": 1e-3, "run_dir": str(tmp_path / "a"),
+                            "curve": curve, "failed": "died"},
+        "powersgd/seed2": {"method": "powersgd", "seed": 2, "lr": 1e-3, "run_dir": str(tmp_path / "p"),
+                           "curve": curve},
+    }  # fmt: skip
+    cli.score(trained, 2, settings, {})
+    assert scored == ["p"] and "bleu" not in trained["allreduce/seed2"]
+    assert trained["powersgd/seed2"]["bleu_in_allreduce_time"] == 1.0  # DDP failed: its final checkpoint's
+
+
 def test_render_writes_the_report_again_from_the_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -137,8 +137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = train(cluster, job, settings, run, logs, warmup)
             result.update(order=order, run_dir=str(run), curve=curve(run))
             trained[key] = result
-            logger.info("%s: %s ms per step, %.0f s wall", key, fmt(steady_ms_per_iter(result["curve"])),
-                        result["wall_seconds"])  # fmt: skip
+            if "failed" in result:  # the others still run; the report says which failed and why
+                logger.error("%s FAILED after %.0f s wall: %s", key, result["wall_seconds"],
+                             result["failed"].splitlines()[0])  # fmt: skip
+            else:
+                logger.info("%s: %s ms per step, %.0f s wall", key,
+                            fmt(steady_ms_per_iter(result["curve"])), result["wall_seconds"])  # fmt: skip
             if order == len(jobs) or jobs[order].seed != job.seed:  # the seed's trainings are done
                 score(trained, job.seed, settings, calibration["test"])
     report["grid" if grid else "runs"] = trained
@@ -150,18 +154,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(summary(report))
     for path in paths:
         print(f"wrote {path}")
+    failed = [key for key, run in trained.items() if "failed" in run]
+    if failed:
+        print(f"error: {len(failed)} of {len(trained)} trainings failed ({', '.join(failed)}): see the "
+              f"report's 'Failed trainings' and {logs}", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 
 def score(trained: dict[str, dict[str, Any]], seed: int, settings: Settings, test: dict[str, str]) -> None:
     """BLEU of each run of ``seed``: of its final checkpoint (``bleu``) and of its last one within
-    DDP's training time with the same seed and rate (``bleu_in_allreduce_time``); then the run keeps
-    only those two checkpoints."""
+    DDP's training time with the same seed and rate (``bleu_in_allreduce_time``; with DDP failed, the
+    final one's); then the run keeps only those two checkpoints. Failed runs are not scored."""
     runs = [r for r in trained.values() if r["seed"] == seed]
     for run in runs:
+        if "failed" in run:
+            continue  # its last checkpoint may be from before the failure, or none: not scored
         directory = Path(run["run_dir"])
-        base = next(r for r in runs if r["method"] == BASELINE and r["lr"] == run["lr"])
-        limit = base["curve"][-1]["train_seconds"]
+        base = next((r for r in runs if r["method"] == BASELINE and r["lr"] == run["lr"]), None)
+        ok = base is not None and "failed" not in base and base["curve"]
+        limit = base["curve"][-1]["train_seconds"] if ok else float("inf")  # type: ignore[index]
         within = [p["step"] for p in run["curve"] if p["train_seconds"] <= limit]
         command, scores = _bleu(directory, settings, test)
         run.update(bleu_command=shlex.join(command), **scores)

@@ -77,6 +77,8 @@ def analyse(report: dict[str, Any]) -> dict[str, Any]:
         run["final_step"] = points[-1]["step"] if points else None
     for run in runs.values():
         base = runs.get(f"{BASELINE}/seed{run['seed']}")
+        if base is not None and "failed" in base:
+            base = None  # its last evaluation is where it failed, not DDP's final loss: no target
         target = base["final_valid_nll"] if base else None
         run["target_valid_nll"] = target
         seconds = time_to_reach(run["curve"], target) if target is not None else None
@@ -110,6 +112,7 @@ def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         summary: dict[str, Any] = {
             "seeds": [r["seed"] for r in members],
             "is_default": bool(members[0].get("is_default")),
+            "failed_seeds": [r["seed"] for r in members if "failed" in r],
         }
         for field in FIELDS:
             values = [r.get(field) for r in members]

@@ -21,6 +21,8 @@ from benchmarks.time_to_quality.methods import METHODS, NODES, RANKS_PER_NODE, J
 from benchmarks.time_to_quality.settings import Settings
 
 CALIBRATE = "benchmarks.time_to_quality.calibrate"
+FAILURE_CHARS = 4000
+"""How much of a failed training's message (and its rank's log tail) the report keeps."""
 
 
 def calibrate(settings: Settings, logs: Path) -> dict[str, Any]:
@@ -108,7 +110,10 @@ def train(
     cluster: EmulatedCluster, job: Job, settings: Settings, run: Path, logs: Path, warmup: int
 ) -> dict[str, Any]:
     """Train ``job`` with one process per rank in its node's namespace; return its command, wall
-    seconds, the bytes that crossed the node links and the machine's load meanwhile."""
+    seconds, the bytes that crossed the node links and the machine's load meanwhile. A training that
+    fails (a rank's exit code, a hang past ``--timeout``) returns the same with ``failed``: what
+    :func:`~benchmarks.cluster.launch.run_all` said, the failed rank's log tail included; the
+    benchmark goes on with the next one."""
     lr = job.lr if settings.lrs else None
     argv = [
         sys.executable, "-u", *method_args(job.method, settings.best, warmup), "--preset", settings.preset,
@@ -118,13 +123,17 @@ def train(
     name = run.name
     before = cluster.link_bytes()
     begin = time.monotonic()
+    failure = None
     with LoadMeter() as load:
         commands = rank_commands(cluster, argv, RANKS_PER_NODE, logs, name)
-        run_all(commands, settings.timeout_s, name, echo=True)
+        try:
+            run_all(commands, settings.timeout_s, name, echo=True)
+        except RuntimeError as error:
+            failure = str(error)[-FAILURE_CHARS:]
     wall = time.monotonic() - begin
     after = cluster.link_bytes()
     sent = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))  # node -> switch, every node
-    return {
+    result = {
         "method": job.method,
         "seed": job.seed,
         "lr": job.lr,
@@ -136,3 +145,6 @@ def train(
         "inter_node_bytes_per_step": sent / (world * settings.steps),
         "load": load.result,
     }
+    if failure is not None:
+        result["failed"] = failure
+    return result

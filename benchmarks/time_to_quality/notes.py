@@ -45,11 +45,13 @@ def goals(methods: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         if not METHODS.get(name, METHODS[BASELINE]).alternative:
             continue
         theirs = _mean(other, "time_to_target_s")
-        met = mine is not None and (theirs is None or mine < theirs)
+        failed = other.get("failed_seeds") or ours.get("failed_seeds")
+        met = not failed and mine is not None and (theirs is None or mine < theirs)
+        measured = f"{_seconds(mine)} vs {_seconds(theirs)}"
         found.append(
             {
                 "goal": f"the default reaches it sooner than {label(name)}",
-                "measured": f"{_seconds(mine)} vs {_seconds(theirs)}",
+                "measured": measured + (" (a training failed)" if failed else ""),
                 "met": met,
             }
         )

@@ -70,6 +70,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"| {probed_comm * 1e3:.0f} ms = {probed_comm / cal['compute_s']:.2f} x C |",
         "",
         *results_table(report),
+        *failed_section(report),
         *goals_section(report),
         *order_table(report),
     ]
@@ -105,8 +106,10 @@ def results_table(report: dict[str, Any]) -> list[str]:
             "by_seed": [None if v is None else v / 1e6 for v in sent["by_seed"]],
         }
         rate = report.get("chosen_lr", {}).get(name)
+        failed = ", ".join(map(str, m.get("failed_seeds", [])))
         lines.append(
-            f"| {label(name)}{'' if rate is None else f' (lr {rate:g})'} "
+            f"| {label(name)}{'' if rate is None else f' (lr {rate:g})'}"
+            f"{f' (FAILED: seed {failed})' if failed else ''} "
             f"| {_mean_and_seeds(m['time_to_target_s'], '.0f', 'not reached')} "
             f"| {_mean_and_seeds(m['time_ratio'], '.2f')} | {_mean_and_seeds(m['steps_ratio'], '.2f')} "
             f"| {_mean_and_seeds(m['per_step_ratio'], '.2f')} | {_mean_and_seeds(m['ms_per_iter'], '.0f')} "
@@ -115,6 +118,26 @@ def results_table(report: dict[str, Any]) -> list[str]:
         )
     signatures = sorted({r["bleu_signature"] for r in report["runs"].values() if r.get("bleu_signature")})
     return [*lines, "", *[f"Signature: `BLEU|{s}`." for s in signatures], ""]
+
+
+def failed_section(report: dict[str, Any]) -> list[str]:
+    """The trainings that failed: where they stopped and the first lines of why (the JSON has more)."""
+    trained = report.get("grid") or report["runs"]
+    failed = {key: run for key, run in trained.items() if "failed" in run}
+    if not failed:
+        return []
+    lines = [
+        "## Failed trainings",
+        "",
+        "Their numbers above are up to their last evaluation; they are not scored and are no target. "
+        "The whole message and the failed rank's log tail: `failed` in the JSON.",
+        "",
+    ]
+    for key, run in failed.items():
+        last = run["curve"][-1]["step"] if run["curve"] else None
+        first = run["failed"].strip().splitlines()[0] if run["failed"].strip() else "(no message)"
+        lines.append(f"- `{key}`: last evaluation at step {fmt(last)} of {run['steps']}; {first}")
+    return [*lines, ""]
 
 
 def goals_section(report: dict[str, Any]) -> list[str]:
@@ -142,7 +165,8 @@ def order_table(report: dict[str, Any]) -> list[str]:
     for key, run in rows:
         load = run.get("load", {})
         lines.append(
-            f"| {run['order']} | `{key}` | {fmt(run.get('wall_seconds'))} "
+            f"| {run['order']} | `{key}`{' (failed)' if 'failed' in run else ''} "
+            f"| {fmt(run.get('wall_seconds'))} "
             f"| {fmt(run['curve'][-1]['train_seconds'] if run['curve'] else None)} "
             f"| {fmt(load.get('loadavg_1min_mean'), '.2f')} / {fmt(load.get('loadavg_1min_max'), '.2f')} "
             f"| {fmt(load.get('cpu_busy_share'), '.0%')} |"
@@ -180,7 +204,11 @@ def summary(report: dict[str, Any]) -> str:
 def plot(report: dict[str, Any], path: Path) -> None:
     """Validation loss against training time and against steps, every run."""
     curves = {key: run["curve"] for key, run in report["runs"].items()}
-    targets = [r["target_valid_nll"] for k, r in report["runs"].items() if r["method"] == BASELINE]
+    targets = [
+        r["target_valid_nll"]
+        for r in report["runs"].values()
+        if r["method"] == BASELINE and r["target_valid_nll"] is not None
+    ]
     title = (
         f"{report['preset']}, {NODES} nodes x {RANKS_PER_NODE}, links {report['link']['rate_mbit']:g} Mbit/s"
     )
