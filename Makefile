@@ -1,6 +1,7 @@
 # Developer entry points. On a fresh machine `make demo` or `make test` first builds .venv:
 # python3 -m venv, upgrade pip, torch==2.13.0 (installed before anything that depends on torch, so
-# the resolver keeps that build), then this package in editable mode with its dev extras.
+# the resolver keeps that build), then this package in editable mode with its dev extras, at the
+# versions of constraints.txt.
 #
 #   make PYTHON=python3.11 test          # pick the interpreter that creates .venv
 #   make TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu' venv
@@ -17,12 +18,13 @@ DEMO_ARGS ?=
 
 venv: $(VENV)/.stamp
 
-# Rebuilt only when pyproject.toml changes (or the stamp is missing); otherwise `make venv` is a no-op.
-$(VENV)/.stamp: pyproject.toml
+# Rebuilt only when pyproject.toml or constraints.txt changes (or the stamp is missing); otherwise
+# `make venv` is a no-op. constraints.txt: the exact versions behind the committed numbers.
+$(VENV)/.stamp: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'
-	$(BIN)/python -m pip install -e '.[dev]'
+	$(BIN)/python -m pip install -c constraints.txt -e '.[dev]'
 	touch $@
 
 demo: venv

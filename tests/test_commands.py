@@ -22,18 +22,24 @@ from recipes.commands import recipe_of
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def package_sources(source: Path) -> Path:
+    """A copy of what ``pip install`` builds the package from (no results, no caches), so that a
+    build leaves nothing in the repository; ``source``, created."""
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "constraints.txt"):
+        shutil.copy(ROOT / name, source / name)
+    ignore = shutil.ignore_patterns("__pycache__", "results")
+    for package in ("decentadam", "recipes", "eval"):
+        shutil.copytree(ROOT / package, source / package, ignore=ignore)
+    return source
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``pip install --target`` of a copy of the package's sources (no dependencies: this
     environment's serve), so that the build leaves nothing in the repository."""
     base = tmp_path_factory.mktemp("install")
-    source = base / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, source / name)
-    ignore = shutil.ignore_patterns("__pycache__", "results")
-    for package in ("decentadam", "recipes", "eval"):
-        shutil.copytree(ROOT / package, source / package, ignore=ignore)
+    source = package_sources(base / "source")
     site = base / "site"
     command = [
         sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
