@@ -56,7 +56,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["TASKS", "Exported", "Task", "export", "find_evals", "model_card", "push", "run"]
+__all__ = [
+    "TASKS", "Exported", "Task", "export", "find_evals", "main", "model_card", "parser", "push", "run",
+    "task_of",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
