@@ -78,7 +78,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 __all__ = [
-    "BEAM", "LENGTH_PENALTY", "MAX_LEN_B", "MAX_TOKENS", "default_split", "evaluate", "load_model",
+    "BEAM", "LENGTH_PENALTY", "MAX_LEN_B", "MAX_TOKENS", "default_split", "evaluate", "load_averaged",
+    "load_model",
     "paired_bootstrap", "read_hypotheses", "score", "translate",
 ]  # fmt: skip
 
@@ -101,12 +102,27 @@ WEIGHTS = (
 def load_model(checkpoint: Path, average_last: int, dtype: torch.dtype) -> tuple[Any, Any, list[Path]]:
     """(model, tokenizer, checkpoints used); with ``average_last`` the mean of the last K checkpoints.
 
+    Every way a checkpoint fails to load raises :class:`CheckpointError` with one line naming the
+    file (:func:`load_averaged`, and the same for the tokenizer).
+    """
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model, paths = load_averaged(checkpoint, average_last, AutoModelForSeq2SeqLM)
+    with _loading(paths[-1], "the tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(paths[-1])
+    return model.to(dtype).eval(), tokenizer, paths
+
+
+def load_averaged(checkpoint: Path, average_last: int, auto_class: Any) -> tuple[Any, list[Path]]:
+    """(float32 model, checkpoints used): ``auto_class.from_pretrained(checkpoint)``, or with
+    ``average_last`` > 0 the mean of the floating-point weights of the last K complete checkpoints of
+    the run directory ``checkpoint`` (fairseq's ``average_checkpoints``); ``decentadam-export``
+    averages with it too.
+
     Every way a checkpoint fails to load (not a ``from_pretrained`` directory, a run directory
     without ``--average-last``, no weights, a pickle that ``torch.load`` refuses, a model type
     transformers does not know) raises :class:`CheckpointError` with one line naming the file.
     """
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
     paths = [checkpoint]
     if average_last > 0:
         paths = list_checkpoints(checkpoint)[-average_last:]
@@ -126,10 +142,10 @@ def load_model(checkpoint: Path, average_last: int, dtype: torch.dtype) -> tuple
 
     def weights(path: Path) -> dict[str, torch.Tensor]:
         with _loading(path, "the model"):
-            return dict(AutoModelForSeq2SeqLM.from_pretrained(path, dtype=torch.float32).state_dict())
+            return dict(auto_class.from_pretrained(path, dtype=torch.float32).state_dict())
 
     with _loading(paths[-1], "the model"):
-        model = AutoModelForSeq2SeqLM.from_pretrained(paths[-1], dtype=torch.float32)
+        model = auto_class.from_pretrained(paths[-1], dtype=torch.float32)
     if len(paths) > 1:
         total = {k: v.clone() for k, v in model.state_dict().items() if v.is_floating_point()}
         for path in paths[:-1]:
@@ -137,9 +153,7 @@ def load_model(checkpoint: Path, average_last: int, dtype: torch.dtype) -> tuple
             for key in total:
                 total[key] += other[key]
         model.load_state_dict({k: v / len(paths) for k, v in total.items()}, strict=False)
-    with _loading(paths[-1], "the tokenizer"):
-        tokenizer = AutoTokenizer.from_pretrained(paths[-1])
-    return model.to(dtype).eval(), tokenizer, paths
+    return model, paths
 
 
 def _check_directory(path: Path) -> None:

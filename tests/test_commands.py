@@ -1,7 +1,7 @@
-"""The installed commands (issue 46, item 1): ``pip install`` puts ``decentadam-train``,
-``decentadam-bleu``, ``decentadam-accuracy`` and ``decentadam-plot`` on the path, with the recipes,
-their presets and the evaluations packaged, so that they and the ``python -m`` forms work from any
-directory."""
+"""The installed commands (issue 46, items 1, 3 and 4): ``pip install`` puts ``decentadam-train``,
+``decentadam-bleu``, ``decentadam-accuracy``, ``decentadam-plot`` and ``decentadam-export`` on the
+path, with the recipes, their presets and the evaluations packaged, so that they and the ``python
+-m`` forms work from any directory."""
 
 from __future__ import annotations
 
@@ -72,6 +72,8 @@ def test_the_commands_work_from_another_directory(installed: Path, tmp_path: Pat
         assert done.returncode == 0 and "--data" in done.stdout, done.stderr
     done = elsewhere(installed, tmp_path, str(bin_dir / "decentadam-plot"), "--help")
     assert done.returncode == 0 and "metrics.jsonl" in done.stdout, done.stderr
+    done = elsewhere(installed, tmp_path, str(bin_dir / "decentadam-export"), "--help")
+    assert done.returncode == 0 and "--push-to-hub OWNER/NAME" in done.stdout, done.stderr
 
     # the preset found by name (packaged with the recipe), then refused without data: one line, exit 2
     done = elsewhere(installed, tmp_path, str(bin_dir / "decentadam-train"), "--preset", "multi30k-en-de")
