@@ -97,6 +97,29 @@ def test_predicted_time_to_quality_is_steps_ratio_times_the_model_s_step_ratio(s
     assert rows[(32, "allreduce")]["iteration_ms"] > rows[(16, "allreduce")]["iteration_ms"]
 
 
+def test_the_target_is_all_reduce_s_loss_at_the_last_common_step_or_at_the_step_asked(size: float) -> None:
+    records = grid()
+    longer = next(r for r in records if (r["method"], r["nodes"], r["seed"]) == ("allreduce", 16, 1))
+    longer["curve"] += [{"step": 800, "valid_nll": 2.0}, {"step": 1200, "valid_nll": 1.5}]  # run to 1,200
+    rows = {(r["nodes"], r["method"]): r for r in scale.predict_scale(records, size=size)["rows"]}
+    default = rows[(16, "default")]["seeds"]
+    assert [(s["target_step"], s["target_valid_nll"]) for s in default] == [(400, 3.1), (400, 3.2)]
+    assert [s["steps_to_target"] for s in default] == pytest.approx([300 + 100 * 0.2 / 0.3, 400.0])
+    ar = rows[(16, "allreduce")]["seeds"]
+    assert [s["target_step"] for s in ar] == [1200, 400] and rows[(16, "allreduce")]["steps_ratio"] == 1.0
+
+    earlier = scale.predict_scale(records, size=size, target_step=200)
+    assert earlier["target_step"] == 200
+    rows = {(r["nodes"], r["method"]): r for r in earlier["rows"]}
+    exp = rows[(16, "exp-avg16")]  # never reaches 3.1 in 400 steps, but 5.0 (All-Reduce at 200) at 300
+    assert [s["steps_to_target"] for s in exp["seeds"]] == [300.0, 300.0] and exp["steps_ratio"] == 1.5
+    assert exp["time_ratio"] == pytest.approx(1.5 * exp["iteration_ratio"])
+    far = scale.predict_scale(records, size=size, target_step=800)["rows"]
+    assert [(r["nodes"], r["method"]) for r in far] == [(16, "allreduce")]  # the only run past step 800
+    with pytest.raises(ValueError, match="no evaluation at step 250 \\(it has 100, 200, 300, 400\\)"):
+        scale.predict_scale(grid(), size=size, target_step=250)
+
+
 def test_the_command_writes_the_prediction_and_says_it_is_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -108,6 +131,9 @@ def test_the_command_writes_the_prediction_and_says_it_is_one(
     md = (tmp_path / "out" / "time_to_quality_scale.md").read_text()
     assert md.startswith("# Predicted time to quality at scale (the runtime model's, not a measurement)")
     assert "| 32 | default (default) |" in md and "published 188.5 ms All-Reduce and 67.9 ms AER" in md
+    assert (
+        "Target: All-Reduce's validation loss (same nodes and seed) at the last step both runs reached." in md
+    )
     data = json.loads((tmp_path / "out" / "time_to_quality_scale.json").read_text())
     assert len(data["rows"]) == 8
     (runs / "bad.json").write_text(json.dumps({"method": "x"}))

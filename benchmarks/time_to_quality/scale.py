@@ -9,9 +9,12 @@ count and seed: ``nodes``, ``ranks_per_node``, ``method``, ``seed``, ``steps``, 
 ``curve`` of ``{step, valid_nll}``, ``inter_node_bytes_per_step``) and writes
 ``time_to_quality_scale.{md,json}``.
 
-1. The steps ratio is the simulation's: the steps a method needs to reach the final validation loss
-   of All-Reduce with the same nodes and seed, over All-Reduce's steps (interpolated between
-   evaluations; None when it never does).
+1. The steps ratio is the simulation's: the steps a method needs to reach the validation loss of
+   All-Reduce with the same nodes and seed at step K, over K (interpolated between evaluations; None
+   when it never does within its run). K is the last step both runs reached (an All-Reduce run to
+   1,200 steps is the target of a 400-step run at its step 400), or ``--target-step K``: All-Reduce's
+   quality at an earlier step, for methods that do not reach its quality at the last one (a run
+   shorter than K is left out).
 2. The time-per-step ratio is the runtime model's on the paper's cluster (:data:`PAPER`: 32 A40
    GPUs with 25 Gbit/s Ethernet training Transformer-base En-De). The model's two unknowns there,
    the compute C of one iteration and the node links' effective bandwidth, are calibrated so that
@@ -188,12 +191,36 @@ def load_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def target_of(
+    record: dict[str, Any], allreduce: dict[str, Any], target_step: int | None
+) -> tuple[int, float] | None:
+    """(K, All-Reduce's validation loss at step K) for ``record``: K is ``target_step`` or the last step
+    both runs reached; None when ``record`` did not run to ``target_step``. ValueError when All-Reduce
+    was not evaluated at K."""
+    horizon = min(record["curve"][-1]["step"], allreduce["curve"][-1]["step"])
+    step = horizon if target_step is None else target_step
+    if step > horizon:
+        return None
+    at = [p["valid_nll"] for p in allreduce["curve"] if p["step"] == step]
+    if not at:
+        evaluated = ", ".join(str(p["step"]) for p in allreduce["curve"])
+        raise ValueError(
+            f"All-Reduce at {allreduce['nodes']} nodes, seed {allreduce['seed']} has no evaluation at step "
+            f"{step} (it has {evaluated}): give --target-step one of those"
+        )
+    return step, at[0]
+
+
 def predict_scale(
-    records: Sequence[dict[str, Any]], paper: PaperCluster = PAPER, size: float | None = None
+    records: Sequence[dict[str, Any]],
+    paper: PaperCluster = PAPER,
+    size: float | None = None,
+    target_step: int | None = None,
 ) -> dict[str, Any]:
     """The prediction table: per node count and method, the steps ratio, the predicted iteration and
     its ratio, the predicted time to quality and its ratio to All-Reduce (mean over seeds and each
-    seed), and the inter-node bytes per step the grid counted. ``size``: S (default: the preset's)."""
+    seed), and the inter-node bytes per step the grid counted. ``size``: S (default: the preset's);
+    ``target_step``: All-Reduce's quality at that step is the target (:func:`target_of`)."""
     size = float(param_bytes(paper.preset)) if size is None else size
     compute_s, bandwidth = calibrate(paper, size)
     base = {
@@ -206,7 +233,10 @@ def predict_scale(
         ar = base.get((record["nodes"], record.get("ranks_per_node", 1), record["seed"]))
         if ar is None or not ar["curve"] or not record["curve"]:
             continue  # no All-Reduce of the same size and seed: no target
-        target, ar_steps = ar["curve"][-1]["valid_nll"], ar["curve"][-1]["step"]
+        found = target_of(record, ar, target_step)
+        if found is None:
+            continue  # this run stopped before the target step
+        ar_steps, target = found
         steps = time_to_reach(record["curve"], target, key="step")
         seconds = iteration_s(record, paper, size, compute_s, bandwidth)
         ar_seconds = iteration_s(ar, paper, size, compute_s, bandwidth)
@@ -225,6 +255,8 @@ def predict_scale(
         row["seeds"].append(
             {
                 "seed": record["seed"],
+                "target_step": ar_steps,
+                "target_valid_nll": target,
                 "steps_to_target": steps,
                 "steps_ratio": None if steps is None else steps / ar_steps,
                 "time_to_target_s": None if steps is None else steps * seconds,
@@ -239,6 +271,7 @@ def predict_scale(
         "paper": dataclasses.asdict(paper),
         "param_bytes": size,
         "calibrated": {"compute_ms": compute_s * 1e3, "inter_gbit": bandwidth * 8 / 1e9},
+        "target_step": target_step,
         "rows": list(rows.values()),
     }
 
@@ -261,6 +294,15 @@ def markdown(prediction: dict[str, Any], source: str) -> str:
         f"{cal['compute_ms']:.1f} ms, effective node link {cal['inter_gbit']:.1f} Gbit/s (intra-node "
         f"{paper['intra_gbit']:g} Gbit/s assumed). Each grid node is a node of that link with the grid's "
         "ranks per node, each rank one A40.",
+        "",
+        "Target: "
+        + (
+            "All-Reduce's validation loss (same nodes and seed) at the last step both runs reached."
+            if prediction["target_step"] is None
+            else f"All-Reduce's validation loss (same nodes and seed) at step {prediction['target_step']}."
+        )
+        + " Steps ratio: the steps a method needs to reach it over All-Reduce's; not reached: not within "
+        "the method's run.",
         "",
         "| nodes | method | steps ratio | predicted ms/step | time-per-step ratio | predicted time to "
         "target s (seeds) | vs All-Reduce | inter-node MB/rank/step (grid) |",
@@ -285,9 +327,17 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--out-dir", type=Path, help="where time_to_quality_scale.{md,json} go (default: print)"
     )
+    parser.add_argument(
+        "--target-step", type=int, default=None, metavar="K",
+        help="the target is All-Reduce's loss at step K (default: the last step both runs reached)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.target_step is not None and args.target_step <= 0:
+        parser.error(
+            f"--target-step {args.target_step}: give a positive step at which All-Reduce was evaluated"
+        )
     try:
-        prediction = predict_scale(load_records(args.runs))
+        prediction = predict_scale(load_records(args.runs), target_step=args.target_step)
     except (OSError, json.JSONDecodeError, ValueError) as error:
         parser.error(f"{args.runs}: {error}")
     text = markdown(prediction, str(args.runs))
