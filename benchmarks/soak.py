@@ -25,7 +25,10 @@ change at all, and resident memory must not grow by more than ``--rss-bound-mib`
 threads, descriptors and process groups must be back where they were before the optimizer was built.
 :func:`check` says which bound a run broke.
 
-Writes ``benchmarks/results/soak.{json,md}`` (``--out`` to change).
+Writes ``benchmarks/results/soak.{json,md}`` (``--out`` to change): the JSON holds every sample and
+the machine; the report is made from the JSON alone, so that ``python -m benchmarks.soak --check
+benchmarks/results/soak.json`` runs today's :func:`check` on a committed run and writes its report
+again (exit code 1 if a bound is broken or the verdict differs from the one recorded).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--steps", type=int, default=21_000, help="training steps of the aer modes")
-    parser.add_argument("--a2cid2-steps", type=int, default=60_000, help="training steps of a2cid2")
+    parser.add_argument("--a2cid2-steps", type=int, default=90_000, help="training steps of a2cid2")
     parser.add_argument("--sample-every", type=int, default=1_000)
     parser.add_argument("--warmup", type=int, default=1_000, help="the reference sample's step")
     parser.add_argument("--rss-bound-mib", type=float, default=4.0, help="allowed RSS growth after warm-up")
@@ -302,17 +305,20 @@ def check(summary: dict[str, Any], rss_bound_mib: float) -> list[str]:
     return problems
 
 
-def report(summaries: list[dict[str, Any]], args: argparse.Namespace, command: str, wall_s: float) -> str:
-    host = machine()
+def report(payload: dict[str, Any]) -> str:
+    """The Markdown report of a soak's JSON (what :func:`main` writes), its verdict from :func:`check`."""
+    summaries, host, wall_s = payload["summaries"], payload["machine"], payload["wall_s"]
+    warmup, sample_every = int(payload["args"]["warmup"]), int(payload["args"]["sample_every"])
+    rss_bound_mib = float(payload["args"]["rss_bound_mib"])
     lines = [
         "# Soak: resources over tens of thousands of exchanges (4 gloo ranks)",
         "",
-        f"- command: `{command}`",
+        f"- command: `{payload['command']}`",
         f"- machine: {host['cpu']}, {host['cores']} cores; torch {host['torch']}; {host['date']}; load "
         f"average at the end {host['load']}; {wall_s:.0f} s in all",
-        f"- bounds, from the warm-up sample (step {args.warmup:,}) on, sampled every {args.sample_every:,} "
+        f"- bounds, from the warm-up sample (step {warmup:,}) on, sampled every {sample_every:,} "
         "steps: OS and Python threads, open file descriptors and process groups unchanged; RSS at most "
-        f"{args.rss_bound_mib:g} MiB above the warm-up sample. Once the closed optimizer is dropped: "
+        f"{rss_bound_mib:g} MiB above the warm-up sample. Once the closed optimizer is dropped: "
         "threads, descriptors and process groups as before it was built",
         "",
         "| mode | rank | steps | exchanges | s | OS threads | Python threads | fds | process groups | "
@@ -338,7 +344,7 @@ def report(summaries: list[dict[str, Any]], args: argparse.Namespace, command: s
                 f"{row['rss_end_minus_warmup_mib']:+.2f} | {row['rss_slope_mib_per_1000_steps']:+.3f} | "
                 f"{triple(row['before'])} / {triple(row['closed'])} / {triple(row['released'])} |"
             )
-    problems = [p for s in summaries for p in check(s, args.rss_bound_mib)]
+    problems = problems_of(payload)
     lines += ["", "Verdict: " + ("every bound held." if not problems else "bounds broken:")]
     lines += [f"- {p}" for p in problems]
     fd_notes = [
@@ -374,9 +380,37 @@ def report(summaries: list[dict[str, Any]], args: argparse.Namespace, command: s
     return "\n".join(lines) + "\n"
 
 
+def problems_of(payload: dict[str, Any]) -> list[str]:
+    """:func:`check` of every mode of a soak's JSON, with the RSS bound it ran under."""
+    bound = float(payload["args"]["rss_bound_mib"])
+    return [p for summary in payload["summaries"] for p in check(summary, bound)]
+
+
+def recheck(path: Path) -> int:
+    """``--check FILE``: the verdict of today's :func:`check` on a soak's JSON, and its report
+    written again beside it (``FILE`` with ``.md``); 1 if a bound is broken or the JSON's own
+    ``problems`` disagree."""
+    payload = json.loads(path.read_text())
+    problems = problems_of(payload)
+    path.with_suffix(".md").write_text(report(payload))
+    for problem in problems:
+        print(problem)
+    if problems != payload["problems"]:
+        print(f"{path}: its problems {payload['problems']} differ from today's check {problems}")
+        return 1
+    print(f"{path}: {'every bound held' if not problems else f'{len(problems)} bounds broken'}")
+    return 1 if problems else 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--check"]:
+        if len(argv) != 2:
+            raise SystemExit("usage: python -m benchmarks.soak --check RESULTS.json")
+        return recheck(Path(argv[1]))
     args = parse_args(argv)
-    command = shlex.join(["python", "-m", "benchmarks.soak", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "-m", "benchmarks.soak", *argv])
     config = {
         "modes": args.modes,
         "steps": args.steps,
@@ -388,11 +422,13 @@ def main(argv: list[str] | None = None) -> int:
     summaries = [summarize(mode, records, args.warmup) for mode, records in run(config).items()]
     wall = time.monotonic() - start
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    problems = [p for s in summaries for p in check(s, args.rss_bound_mib)]
-    payload = {"command": command, "args": {k: str(v) for k, v in vars(args).items()}, "summaries": summaries,
-               "problems": problems, "wall_s": wall}  # fmt: skip
+    payload: dict[str, Any] = {
+        "command": command, "args": {k: str(v) for k, v in vars(args).items() if k != "out"},
+        "machine": machine(), "summaries": summaries, "problems": [], "wall_s": wall,
+    }  # fmt: skip
+    problems = payload["problems"] = problems_of(payload)
     args.out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
-    text = report(summaries, args, command, wall)
+    text = report(payload)
     args.out.with_suffix(".md").write_text(text)
     print(text)
     return 1 if problems else 0

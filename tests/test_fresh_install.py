@@ -19,6 +19,7 @@ COMMANDS = {  # command: what its --help must say
     "decentadam-bleu": "--average-last",
     "decentadam-accuracy": "--data",
     "decentadam-plot": "metrics.jsonl",
+    "decentadam-export": "--push-to-hub OWNER/NAME",
 }
 
 

@@ -8,6 +8,8 @@ one, whose numbers docs/testing.md reports.
 from __future__ import annotations
 
 import copy
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,7 @@ def test_a_short_soak_keeps_threads_files_memory_and_groups_flat() -> None:
     }
     for mode, records in soak.run(config).items():
         summary = soak.summarize(mode, records, warmup=100)
-        assert soak.check(summary, rss_bound_mib=2.0) == [], soak.report(
-            [summary], soak.parse_args([]), "", 0
-        )
+        assert soak.check(summary, rss_bound_mib=2.0) == [], summary
         exchanges = [row["exchanges"] for row in summary["ranks"]]
         assert all(e == 300 for e in exchanges) if mode != "a2cid2" else all(e > 30 for e in exchanges)
 
@@ -79,5 +79,24 @@ def test_check_names_what_grew() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_the_full_soak(tmp_path: Path) -> None:
-    """21,000 steps of each aer mode and 60,000 of A2CiD2 (about 10 minutes on 2 cores)."""
+    """21,000 steps of each aer mode and 90,000 of A2CiD2 (about 11 minutes on 2 cores)."""
     assert soak.main(["--out", str(tmp_path / "soak")]) == 0, (tmp_path / "soak.md").read_text()
+
+
+def test_the_committed_soak_passes_todays_check_and_its_report_is_made_from_its_json(tmp_path: Path) -> None:
+    """docs/testing.md quotes benchmarks/results/soak.{json,md}: today's check on that JSON finds
+    nothing, the report is what that JSON gives, and the run is as long as the docs say."""
+    committed = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "soak.json"
+    payload = json.loads(committed.read_text())
+    assert soak.problems_of(payload) == [] == payload["problems"]
+    assert committed.with_suffix(".md").read_text() == soak.report(payload)
+    assert all(row["exchanges"] >= 20_000 for summary in payload["summaries"] for row in summary["ranks"])
+    copy_ = shutil.copy(committed, tmp_path / "soak.json")
+    assert soak.main(["--check", str(copy_)]) == 0
+    assert (tmp_path / "soak.md").read_text() == soak.report(payload)
+
+    broken = copy.deepcopy(payload)
+    broken["summaries"][0]["ranks"][1]["changes"]["fds"] = [1]
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    assert soak.main(["--check", str(tmp_path / "broken.json")]) == 1
+    assert "Verdict: bounds broken:" in (tmp_path / "broken.md").read_text()
