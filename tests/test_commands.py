@@ -26,7 +26,7 @@ def package_sources(source: Path) -> Path:
     """A copy of what ``pip install`` builds the package from (no results, no caches), so that a
     build leaves nothing in the repository; ``source``, created."""
     source.mkdir()
-    for name in ("pyproject.toml", "README.md", "constraints.txt"):
+    for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     ignore = shutil.ignore_patterns("__pycache__", "results")
     for package in ("decentadam", "recipes", "eval"):

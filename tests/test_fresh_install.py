@@ -37,29 +37,9 @@ def test_a_fresh_venv_installs_the_clone_with_its_recipes_and_the_commands_run_e
     environment = tmp_path / "env"
     venv.create(environment, with_pip=True)
     python = environment / "bin" / "python"
-    for install in (
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "-c",
-            str(ROOT / "constraints.txt"),
-            "torch==2.13.0",
-        ],
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "-c",
-            str(ROOT / "constraints.txt"),
-            f"{source}[recipes]",
-        ],
-    ):
-        done = run(install, tmp_path, timeout=1500)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "-c", str(ROOT / "constraints.txt")]
+    for what in ("torch==2.13.0", f"{source}[recipes]"):  # torch first, as the Makefile does
+        done = run([*pip, what], tmp_path, timeout=1500)
         assert done.returncode == 0, done.stderr[-3000:]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -371,7 +371,7 @@ def test_a_training_that_fails_returns_its_reason_and_is_not_scored(
     settings = parse_args(["--data", str(tmp_path), "--methods", "allreduce", "--steps", "30"])
     result = launch.train(
         Cluster(), Job("powersgd", 2, 1e-3), settings, tmp_path / "powersgd-seed2", tmp_path, 5
-    )  # type: ignore[arg-type]
+    )
     assert (
         result["failed"].startswith("powersgd-seed2: a rank exited with code 1")
         and "ValueError: nan" in result["failed"]

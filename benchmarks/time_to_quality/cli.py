@@ -172,8 +172,10 @@ def score(trained: dict[str, dict[str, Any]], seed: int, settings: Settings, tes
             continue  # its last checkpoint may be from before the failure, or none: not scored
         directory = Path(run["run_dir"])
         base = next((r for r in runs if r["method"] == BASELINE and r["lr"] == run["lr"]), None)
-        ok = base is not None and "failed" not in base and base["curve"]
-        limit = base["curve"][-1]["train_seconds"] if ok else float("inf")  # type: ignore[index]
+        if base is not None and "failed" not in base and base["curve"]:
+            limit = base["curve"][-1]["train_seconds"]
+        else:
+            limit = float("inf")  # no DDP run of this seed finished: every checkpoint is within
         within = [p["step"] for p in run["curve"] if p["train_seconds"] <= limit]
         command, scores = _bleu(directory, settings, test)
         run.update(bleu_command=shlex.join(command), **scores)
