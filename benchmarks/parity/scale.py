@@ -58,6 +58,7 @@ class Method:
     about: str
     nodes_of_one: bool = True  # whether it runs on single-rank nodes
     accum: Callable[[int], int] | None = field(default=None)  # accum_steps from the node count
+    optimizer_class: str = "decentadam.DecentralizedAdam"  # a probe's subclass (benchmarks.parity.*)
 
 
 def accum_window(nodes: int) -> int:
@@ -133,6 +134,31 @@ METHODS: dict[str, Method] = {
         "complete, bf16 updates, every step mixed before the next gradient, the ranks' raw second-moment "
         "estimates averaged: All-Reduce but for the second moment's estimate and the updates' rounding",
     ),
+    **{
+        f"held-{name}": Method(
+            options,
+            f"{about}; the own update applied only through the exchange (benchmarks.parity.held_update)",
+            optimizer_class="benchmarks.parity.held_update.HeldUpdateAdam",
+        )
+        for name, options, about in (
+            ("aer", {}, "the default's setting (aer, float32 parameters, all_ranks)"),
+            (
+                "exp-avg32-global",
+                {
+                    "topology": "one-peer-exp",
+                    "exchange": "bf16_updates",
+                    "average_every": 32,
+                    "second_moment": Global(),
+                },
+                "one-peer-exp, bf16 updates, exact average every 32 steps with the ranks' floored estimates",
+            ),
+            (
+                "complete-global-raw",
+                {"topology": "complete", "exchange": "bf16_updates", "second_moment": Global(floored=False)},
+                "complete, bf16 updates, the raw estimates averaged: All-Reduce one step late but for v",
+            ),
+        )
+    },
     "complete-global": Method(
         {"topology": "complete", "second_moment": "global"},
         "complete, the ranks' second moments averaged every step",
@@ -245,7 +271,7 @@ def run(argv: list[str]) -> None:
         counter.step = step
 
     namespace = argparse.Namespace(
-        workers=ranks, device=args.device, optimizer_class="decentadam.DecentralizedAdam",
+        workers=ranks, device=args.device, optimizer_class=method.optimizer_class,
         steps=args.steps, eval_every=args.eval_every, diagnose=False, diagnose_every=50, bleu=False,
     )  # fmt: skip
     result = workers.train(namespace, cfg, options, counter.wrap, on_step)
