@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.parity.held_update import HeldUpdateAdam
+from benchmarks.parity.held_update import HeldUpdateAdam, PredictedHeldAdam
 from decentadam import Comm, Local, Setting
 from decentadam.simulation import SimulatedCluster
 from decentadam.topology import build
@@ -19,11 +19,11 @@ from tests.test_decentralized import BETAS, EPS, LR, WD, flat, loss_of, make_mod
 STEPS = 12
 
 
-def run_probe(name: str, world_size: int) -> torch.Tensor:
+def run_probe(name: str, world_size: int, probe: type[HeldUpdateAdam] = HeldUpdateAdam) -> torch.Tensor:
     cluster = SimulatedCluster(world_size)
     models = [make_model(seed=100 + rank) for rank in range(world_size)]
     optimizers = [
-        HeldUpdateAdam(
+        probe(
             param_groups(model),
             lr=LR,
             betas=BETAS,
@@ -42,12 +42,14 @@ def run_probe(name: str, world_size: int) -> torch.Tensor:
     return torch.stack([flat(m) for m in models])
 
 
-def written_out(name: str, world_size: int) -> torch.Tensor:
-    """Each rank's AdamW on a scratch copy: from the mixed point, with the gradient of the last one."""
+def written_out(name: str, world_size: int, predict: bool = False) -> torch.Tensor:
+    """Each rank's AdamW on a scratch copy: from the mixed point, with the gradient of the last one
+    (``predict``: the gradient at the mixed point plus its last displacement)."""
     topology = build(name, world_size, 1)
     here = [make_model(seed=100) for _ in range(world_size)]  # x: where gradients are taken
     scratch = [make_model(seed=100) for _ in range(world_size)]  # y = x - lr u, as sent
     adams = [torch.optim.AdamW(param_groups(m), lr=LR, betas=BETAS, eps=EPS) for m in scratch]
+    held = torch.stack([flat(m) for m in here])  # x(t), the mixed points
     for step in range(STEPS):
         grads = []
         for rank, model in enumerate(here):
@@ -56,8 +58,10 @@ def written_out(name: str, world_size: int) -> torch.Tensor:
             grads.append([p.grad.detach().clone() for p in model.parameters()])
         sent = torch.stack([flat(m) for m in scratch])
         mixed = topology.mixing_matrix(step) @ sent if step else sent  # nothing in flight at the first step
+        point = 2 * mixed - held if predict else mixed
+        held = mixed
         for rank in range(world_size):
-            torch.nn.utils.vector_to_parameters(mixed[rank].clone(), here[rank].parameters())  # no aliases
+            torch.nn.utils.vector_to_parameters(point[rank].clone(), here[rank].parameters())  # no aliases
             torch.nn.utils.vector_to_parameters(mixed[rank].clone(), scratch[rank].parameters())
             for param, grad in zip(scratch[rank].parameters(), grads[rank], strict=True):
                 param.grad = grad
@@ -65,10 +69,11 @@ def written_out(name: str, world_size: int) -> torch.Tensor:
     return torch.stack([flat(m) for m in here])
 
 
+@pytest.mark.parametrize("predict", [False, True], ids=["held", "predicted"])
 @pytest.mark.parametrize("name", ["complete", "one-peer-exp", "ring"])
-def test_held_update_equals_mixing_the_sent_points(name: str) -> None:
-    got = run_probe(name, 4)
-    expected = written_out(name, 4)
+def test_held_update_equals_mixing_the_sent_points(name: str, predict: bool) -> None:
+    got = run_probe(name, 4, PredictedHeldAdam if predict else HeldUpdateAdam)
+    expected = written_out(name, 4, predict)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
     if name == "complete":  # All-Reduce one step late: every rank holds the same point
         torch.testing.assert_close(got, got[:1].expand_as(got), rtol=0, atol=1e-12)

@@ -66,6 +66,49 @@ def test_a_run_records_its_bytes_against_the_budget_and_the_table_compares_it(
     page = tmp_path / "README.md"
     scale.main(["table", str(out), "--out", str(page)])
     text = page.read_text()
-    assert f"| 4 x 1 | 128 | {method} | 1 |" in text
+    assert record["lr"] == 2e-3  # the preset's
+    assert f"| 4 x 1 | 128 | {method}{' *' if method == 'allreduce' else ''} | 0.002 | 1 |" in text
     if method != "allreduce":  # each decentralized cell carries its difference to All-Reduce
         assert "(+" in text or "(-" in text
+
+
+def fake_run(method: str, lr_word: str | None, curve: list[float], seed: int = 1) -> dict[str, object]:
+    """A run record as benchmarks.parity.scale writes it, made before ``lr`` was recorded."""
+    command = f"python -m benchmarks.parity.scale run --nodes 16 --method {method} --seed {seed}"
+    return {
+        "nodes": 16, "ranks_per_node": 1, "tokens_per_rank": 256, "method": method, "about": method,
+        "is_default": method == "default", "seed": seed, "steps": 100 * len(curve),
+        "inter_node_bytes_per_step": 1.0, "ddp_bf16_bytes_per_step": 2.0, "global_collectives_per_step": 0.0,
+        "command": command + (f" {lr_word}" if lr_word else ""),
+        "curve": [{"step": 100 * (i + 1), "valid_nll": v} for i, v in enumerate(curve)],
+    }  # fmt: skip
+
+
+def test_the_table_compares_every_rate_with_all_reduce_at_its_best_rate(tmp_path: Path) -> None:
+    folders = {name: tmp_path / name for name in ("runs", "lr-1e-3")}
+    for folder in folders.values():
+        folder.mkdir()
+    runs = {
+        "runs/allreduce": fake_run("allreduce", None, [5.0, 3.0, 2.0]),  # the preset's 2e-3, best at 200
+        "lr-1e-3/allreduce": fake_run(
+            "allreduce", "optim.lr=1e-3", [4.5, 3.5]
+        ),  # ahead at 100, behind at 200
+        "runs/default": fake_run("default", None, [5.5, 4.0]),
+        "lr-1e-3/default": fake_run("default", "optim.lr=1e-3", [5.2, 3.6]),
+    }
+    for name, run in runs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(run))
+    page = tmp_path / "README.md"
+    scale.main(["table", str(folders["runs"]), str(folders["lr-1e-3"]), "--out", str(page)])
+    text = page.read_text()
+    assert "| 16 x 1 | 256 | allreduce * | 0.002 | 1 |" in text  # 3.0 < 3.5 at step 200, the last shared
+    assert "| 16 x 1 | 256 | allreduce | 0.001 | 1 |" in text
+    assert (
+        "| 16 x 1 | 256 | default (default) | 0.001 | 1 | 0.50 | 0.000 | 5.200 (+0.200) | 3.600 (+0.600) |"
+        in text
+    )
+    assert (
+        "| 16 x 1 | 256 | default (default) | 0.002 | 1 | 0.50 | 0.000 | 5.500 (+0.500) | 4.000 (+1.000) |"
+        in text
+    )
+    assert "| 16 x 1 | default | 0.001 | " in text and "| 16 x 1 | default | 0.002 | " in text

@@ -15,7 +15,13 @@ the synchronous mixing, with every exchange still in flight during the next forw
 each gradient one step old. On the complete graph every rank holds the same ``x`` and this is
 All-Reduce's Adam one step late. Bytes and collectives are those of the wrapped setting.
 
-Memory: two more copies of the parameters (the point sent, and ``x`` while the update is formed).
+:class:`PredictedHeldAdam` also takes each gradient at a predicted point: the held ``x(t)`` moved on
+by its last mixed displacement, ``z(t) = x(t) + (x(t) - x(t-1))`` (weight prediction, as pipelined
+training uses against stale gradients). The displacement came through the mixing, so on the complete
+graph it is ``-lr`` times the mean of the updates the last exchange carried, alike on every rank.
+
+Memory: two more copies of the parameters (the point sent, and ``x`` while the update is formed;
+three with the prediction).
 Refuses ``Comm(overlap="backward")`` and ``sync_steps`` (the probe replaces the step's order), and
 checkpoints (its held point is not in the state)::
 
@@ -59,3 +65,29 @@ class HeldUpdateAdam(DecentralizedAdam):
 
     def state_dict(self) -> dict[str, Any]:
         raise NotImplementedError("HeldUpdateAdam is a probe: its held point is not saved")
+
+
+class PredictedHeldAdam(HeldUpdateAdam):
+    """HeldUpdateAdam whose gradients are taken at ``x(t) + (x(t) - x(t-1))`` (see the module)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        with torch.no_grad():
+            self._moved = {id(b): [torch.zeros_like(p) for p in b.params] for b in self._buckets}
+
+    def _step_bucket(self, bucket: Bucket) -> None:
+        sent, here, moved = self._sent[id(bucket)], self._here[id(bucket)], self._moved[id(bucket)]
+        torch._foreach_copy_(bucket.params, sent)
+        for exchange in self._arriving:
+            exchange.finish(bucket)  # x(t+1) = W y(t)
+        torch._foreach_sub_(here, bucket.params)  # x(t) - x(t+1)
+        torch._foreach_copy_(moved, here)
+        torch._foreach_copy_(here, bucket.params)
+        group = self.param_groups[bucket.group_index]
+        self._local_update(self.state, group, [p for p in bucket.params if p.grad is not None], self._source)
+        for exchange in self._departing:
+            exchange.start(bucket, self._step + 1)
+        torch._foreach_copy_(sent, bucket.params)
+        torch._foreach_sub_(moved, here)  # -x(t+1) - (x(t+1) - x(t)): the predicted point, negated
+        torch._foreach_neg_(moved)
+        torch._foreach_copy_(bucket.params, moved)  # the next gradient at z(t+1)

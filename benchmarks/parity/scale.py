@@ -17,10 +17,10 @@ writes ``OUT/METHOD-n16x1-s1.json`` with ``nodes``, ``ranks_per_node``, ``tokens
 ``ddp_bf16_bytes_per_step`` (``2 (N - 1) / N x S / 2``, a ring all-reduce of bfloat16 gradients
 over the ``N`` nodes; ``S``: float32 parameter bytes; for nodes of ``L`` ranks both are per rank,
 a node's share divided by ``L``), ``global_collectives_per_step``, ``command``, ``code`` (the
-commit) and ``curve`` (valid NLL of the ranks' exact average). ``table`` writes the grid's page
-from a folder of runs::
+commit), ``lr`` and ``curve`` (valid NLL of the ranks' exact average). ``table`` writes the grid's
+page from folders of runs (one folder per learning rate: a run's file name does not hold it)::
 
-    python -m benchmarks.parity.scale table benchmarks/results/parity_scale/runs \\
+    python -m benchmarks.parity.scale table benchmarks/results/parity_scale/{runs,lr-5e-4,lr-1e-3,lr-4e-3} \\
         --out benchmarks/results/parity_scale/README.md
 """
 
@@ -135,10 +135,14 @@ METHODS: dict[str, Method] = {
         "estimates averaged: All-Reduce but for the second moment's estimate and the updates' rounding",
     ),
     **{
-        f"held-{name}": Method(
+        f"{prefix}-{name}": Method(
             options,
-            f"{about}; the own update applied only through the exchange (benchmarks.parity.held_update)",
-            optimizer_class="benchmarks.parity.held_update.HeldUpdateAdam",
+            f"{about}; the own update applied only through the exchange{how} (benchmarks.parity.held_update)",
+            optimizer_class=f"benchmarks.parity.held_update.{probe}",
+        )
+        for prefix, probe, how in (
+            ("held", "HeldUpdateAdam", ""),
+            ("predicted", "PredictedHeldAdam", ", each gradient at x(t) + (x(t) - x(t-1))"),
         )
         for name, options, about in (
             ("aer", {}, "the default's setting (aer, float32 parameters, all_ranks)"),
@@ -290,6 +294,7 @@ def run(argv: list[str]) -> None:
         "about": method.about,
         "is_default": args.method == DEFAULT,
         "seed": args.seed,
+        "lr": cfg.optim.lr,
         "steps": args.steps,
         "parameter_bytes": parameter_bytes,
         "inter_node_bytes_per_step": inter,

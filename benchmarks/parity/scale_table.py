@@ -1,12 +1,14 @@
 """The parity-at-scale grid's page, generated from its runs (``benchmarks.parity.scale``).
 
-Each decentralized run is compared with the All-Reduce run of the same ranks and seed: every cell
-is the validation NLL of the exact average and, in brackets, its difference to All-Reduce's at
-that step. Bytes are inter-node bytes per rank and step over the run, as a multiple of DDP with
-bfloat16 gradients at the same node count (the budget: at most 0.6x). A last table gives, per
-method and layout, the mean difference over the seeds that ran, at steps 400 and 1,200::
+Each decentralized run is compared with All-Reduce on the same ranks and seed at All-Reduce's best
+learning rate (of the All-Reduce runs given, the one with the lowest validation NLL at the last step
+they all reached): every cell is the validation NLL of the exact average and, in brackets, its
+difference to that All-Reduce's at that step. Each row names its learning rate (``optim.lr`` of
+its command, else its preset's). Bytes are inter-node bytes per rank and step over the run, as a
+multiple of DDP with bfloat16 gradients at the same node count (the budget: at most 0.6x). A last
+table gives, per method, layout and rate, the mean difference over the seeds, at steps 400 and 1,200::
 
-    python -m benchmarks.parity.scale table benchmarks/results/parity_scale/runs \\
+    python -m benchmarks.parity.scale table benchmarks/results/parity_scale/{runs,lr-5e-4,lr-1e-3,lr-4e-3} \\
         --out benchmarks/results/parity_scale/README.md
 """
 
@@ -27,26 +29,54 @@ BUDGET = 0.6
 SUMMARY_STEPS = (400, 1200)
 
 
-def load(folder: Path) -> list[dict[str, Any]]:
-    """Every run's JSON in ``folder``, sorted by layout, method and seed."""
-    runs = [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
+def load(folders: list[Path]) -> list[dict[str, Any]]:
+    """Every run's JSON in ``folders``, each with its ``lr``, sorted by layout, method, rate and seed."""
+    runs = [json.loads(path.read_text()) for folder in folders for path in sorted(folder.glob("*.json"))]
+    for run in runs:
+        run.setdefault("lr", learning_rate(run["command"]))
     return sorted(
-        runs, key=lambda r: (r["nodes"] * r["ranks_per_node"], r["ranks_per_node"], r["method"], r["seed"])
+        runs,
+        key=lambda r: (
+            r["nodes"] * r["ranks_per_node"],
+            r["ranks_per_node"],
+            r["method"],
+            r["lr"],
+            r["seed"],
+        ),
     )
 
 
-def reference(runs: list[dict[str, Any]]) -> dict[tuple[int, int], dict[int, float]]:
-    """(ranks, seed) -> All-Reduce's curve, {step: valid NLL}."""
-    return {
-        (r["nodes"] * r["ranks_per_node"], r["seed"]): {p["step"]: p["valid_nll"] for p in r["curve"]}
-        for r in runs
-        if r["method"] == "allreduce"
-    }
+def learning_rate(command: str) -> float:
+    """The rate a run trained at: its command's ``optim.lr=...``, else its preset's (runs made before
+    ``benchmarks.parity.scale`` recorded ``lr``)."""
+    words = shlex.split(command)
+    given = [w.removeprefix("optim.lr=") for w in words if w.startswith("optim.lr=")]
+    if given:
+        return float(given[-1])
+    from recipes.translation import config
+
+    preset = words[words.index("--preset") + 1] if "--preset" in words else "multi30k-en-de"
+    return float(config.load(preset, []).optim.lr)
 
 
-def differences(run: dict[str, Any], references: dict[tuple[int, int], dict[int, float]]) -> dict[int, float]:
-    """{step: valid NLL - All-Reduce's} where All-Reduce with the same ranks and seed has the step."""
-    ar = references.get((run["nodes"] * run["ranks_per_node"], run["seed"]), {})
+def reference(runs: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """(ranks, seed) -> All-Reduce's run at its best rate: the lowest validation NLL at the last step
+    that all its runs on those ranks and that seed reached."""
+    candidates: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        if r["method"] == "allreduce":
+            candidates[r["nodes"] * r["ranks_per_node"], r["seed"]].append(r)
+    best = {}
+    for key, found in candidates.items():
+        last = min(max(p["step"] for p in r["curve"]) for r in found)
+        best[key] = min(found, key=lambda r: next(p["valid_nll"] for p in r["curve"] if p["step"] == last))
+    return best
+
+
+def differences(run: dict[str, Any], references: dict[tuple[int, int], dict[str, Any]]) -> dict[int, float]:
+    """{step: valid NLL - All-Reduce's} where All-Reduce (same ranks and seed, best rate) has the step."""
+    found = references.get((run["nodes"] * run["ranks_per_node"], run["seed"]))
+    ar = {p["step"]: p["valid_nll"] for p in found["curve"]} if found else {}
     return {p["step"]: p["valid_nll"] - ar[p["step"]] for p in run["curve"] if p["step"] in ar}
 
 
@@ -56,18 +86,20 @@ def render(runs: list[dict[str, Any]], command: str) -> str:
     lines = [
         "# Parity at scale: the gap to All-Reduce on 4-32 nodes at 4,096 target tokens per step",
         "",
-        f"Generated by `{command}` from the runs in this folder (`runs/*.json`, each with the command",
-        "that made it and its commit). Multi30k En-De, the translation recipe's model and schedule,",
-        "simulated ranks (`benchmarks.parity.scale`). Cells: validation NLL of the ranks' exact",
-        "average (its difference to All-Reduce with the same ranks and seed). Bytes: inter-node bytes",
+        f"Generated by `{command}` from the runs in the folders it names (one JSON per run, each with the",
+        "command that made it and its commit). Multi30k En-De, the translation recipe's model and",
+        "schedule, simulated ranks (`benchmarks.parity.scale`). Cells: validation NLL of the ranks'",
+        "exact average (its difference to All-Reduce with the same ranks and seed at All-Reduce's best",
+        "rate: the lowest NLL at the last step its runs share; rows marked `*`). Bytes: inter-node bytes",
         f"per rank and step over the run, as a multiple of DDP with bfloat16 gradients (budget {BUDGET}x);",
         "global: collectives over every node per step.",
         "",
-        "| nodes x ranks | tokens/rank | method | seed | bytes | global | "
+        "| nodes x ranks | tokens/rank | method | lr | seed | bytes | global | "
         + " | ".join(str(s) for s in steps)
         + " |",
-        "|---|---:|---|---:|---:|---:|" + "---:|" * len(steps),
+        "|---|---:|---|---:|---:|---:|---:|" + "---:|" * len(steps),
     ]
+    chosen = {id(r) for r in references.values()}
     for run in runs:
         curve = {p["step"]: p["valid_nll"] for p in run["curve"]}
         diff = differences(run, references)
@@ -80,12 +112,13 @@ def render(runs: list[dict[str, Any]], command: str) -> str:
             else:
                 cells.append(f"{curve[step]:.3f} ({diff[step]:+.3f})")
         ratio = run["inter_node_bytes_per_step"] / run["ddp_bf16_bytes_per_step"]
-        name = run["method"] + (" (default)" if run["is_default"] else "")
+        name = (
+            run["method"] + (" (default)" if run["is_default"] else "") + (" *" if id(run) in chosen else "")
+        )
         layout = f"{run['nodes']} x {run['ranks_per_node']} | {run['tokens_per_rank']}"
         lines.append(
-            f"| {layout} | {name} | {run['seed']} | {ratio:.2f} | {run['global_collectives_per_step']:.3f} | "
-            + " | ".join(cells)
-            + " |"
+            f"| {layout} | {name} | {run['lr']:g} | {run['seed']} | {ratio:.2f} | "
+            f"{run['global_collectives_per_step']:.3f} | " + " | ".join(cells) + " |"
         )
     lines += ["", *summary(runs, references), "", "Methods:", ""]
     about = {r["method"]: r.get("about", "") for r in runs}
@@ -96,30 +129,31 @@ def render(runs: list[dict[str, Any]], command: str) -> str:
     return "\n".join(lines)
 
 
-def summary(runs: list[dict[str, Any]], references: dict[tuple[int, int], dict[int, float]]) -> list[str]:
-    """Mean difference to All-Reduce over the seeds, per layout and method, at SUMMARY_STEPS."""
-    groups: dict[tuple[int, int, str], list[dict[int, float]]] = defaultdict(list)
+def summary(runs: list[dict[str, Any]], references: dict[tuple[int, int], dict[str, Any]]) -> list[str]:
+    """Mean difference to All-Reduce over the seeds, per layout, method and rate, at SUMMARY_STEPS."""
+    groups: dict[tuple[int, int, str, float], list[dict[int, float]]] = defaultdict(list)
     for run in runs:
         if run["method"] != "allreduce":
-            groups[run["nodes"], run["ranks_per_node"], run["method"]].append(differences(run, references))
+            key = (run["nodes"], run["ranks_per_node"], run["method"], run["lr"])
+            groups[key].append(differences(run, references))
     lines = [
-        "Mean difference to All-Reduce over the seeds that reached the step (seeds in brackets):",
+        "Mean difference to All-Reduce (best rate) over the seeds that reached the step (seeds in brackets):",
         "",
-        "| nodes x ranks | method | " + " | ".join(f"step {s}" for s in SUMMARY_STEPS) + " |",
-        "|---|---|" + "---:|" * len(SUMMARY_STEPS),
+        "| nodes x ranks | method | lr | " + " | ".join(f"step {s}" for s in SUMMARY_STEPS) + " |",
+        "|---|---|---:|" + "---:|" * len(SUMMARY_STEPS),
     ]
-    for (nodes, per_node, method), diffs in sorted(groups.items()):
+    for (nodes, per_node, method, lr), diffs in sorted(groups.items()):
         cells = []
         for step in SUMMARY_STEPS:
             values = [d[step] for d in diffs if step in d]
             cells.append(f"{statistics.mean(values):+.3f} ({len(values)})" if values else "")
-        lines.append(f"| {nodes} x {per_node} | {method} | " + " | ".join(cells) + " |")
+        lines.append(f"| {nodes} x {per_node} | {method} | {lr:g} | " + " | ".join(cells) + " |")
     return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="benchmarks.parity.scale table", description=__doc__)
-    parser.add_argument("runs", type=Path, help="folder of the runs' JSON files")
+    parser.add_argument("runs", type=Path, nargs="+", help="folders of the runs' JSON files")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     command = shlex.join(["python", "-m", "benchmarks.parity.scale", "table", *(argv or sys.argv[1:])])
