@@ -89,26 +89,25 @@ def test_the_table_compares_every_rate_with_all_reduce_at_its_best_rate(tmp_path
     for folder in folders.values():
         folder.mkdir()
     runs = {
-        "runs/allreduce": fake_run("allreduce", None, [5.0, 3.0, 2.0]),  # the preset's 2e-3, best at 200
-        "lr-1e-3/allreduce": fake_run(
-            "allreduce", "optim.lr=1e-3", [4.5, 3.5]
-        ),  # ahead at 100, behind at 200
-        "runs/default": fake_run("default", None, [5.5, 4.0]),
-        "lr-1e-3/default": fake_run("default", "optim.lr=1e-3", [5.2, 3.6]),
+        "runs/allreduce": fake_run("allreduce", None, [5.0, 4.0, 3.5, 3.0, 2.0]),  # the preset's 2e-3
+        "lr-1e-3/allreduce": fake_run("allreduce", "optim.lr=1e-3", [4.5, 3.9, 3.6, 3.5]),  # behind at 400
+        "runs/default": fake_run("default", None, [5.5, 4.5, 4.2, 4.0]),
+        "lr-1e-3/default": fake_run("default", "optim.lr=1e-3", [5.2, 4.4, 4.0, 3.6]),
+        "lr-1e-3/exp": fake_run("exp", "optim.lr=1e-3", [5.3, 4.6]),  # stopped before step 400
     }
     for name, run in runs.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(run))
     page = tmp_path / "README.md"
     scale.main(["table", str(folders["runs"]), str(folders["lr-1e-3"]), "--out", str(page)])
     text = page.read_text()
-    assert "| 16 x 1 | 256 | allreduce * | 0.002 | 1 |" in text  # 3.0 < 3.5 at step 200, the last shared
+    assert "| 16 x 1 | 256 | allreduce * | 0.002 | 1 |" in text  # 3.0 < 3.5 at step 400, the last shared
     assert "| 16 x 1 | 256 | allreduce | 0.001 | 1 |" in text
-    assert (
-        "| 16 x 1 | 256 | default (default) | 0.001 | 1 | 0.50 | 0.000 | 5.200 (+0.200) | 3.600 (+0.600) |"
-        in text
+    row = (
+        "| 16 x 1 | 256 | default (default) | {} | 1 | 0.50 | 0.000 | {} | "  # then step 500: All-Reduce only
     )
-    assert (
-        "| 16 x 1 | 256 | default (default) | 0.002 | 1 | 0.50 | 0.000 | 5.500 (+0.500) | 4.000 (+1.000) |"
-        in text
-    )
-    assert "| 16 x 1 | default | 0.001 | " in text and "| 16 x 1 | default | 0.002 | " in text
+    assert row.format("0.001", "5.200 (+0.200) | 4.400 (+0.400) | 4.000 (+0.500) | 3.600 (+0.600)") in text
+    assert row.format("0.002", "5.500 (+0.500) | 4.500 (+0.500) | 4.200 (+0.700) | 4.000 (+1.000)") in text
+    assert "| 16 x 1 | 256 | exp | 0.001 | 1 | 0.50 | 0.000 | 5.300 (+0.300) | 4.600 (+0.600) |" in text
+    assert "| 16 x 1 | default | 0.001 | +0.600 (1) |  |" in text  # 3.6 - 3.0
+    assert "| 16 x 1 | default | 0.002 | +1.000 (1) |  |" in text
+    assert "| 16 x 1 | exp |" not in text  # no step 400: no summary row

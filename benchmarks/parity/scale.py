@@ -244,6 +244,7 @@ def run(argv: list[str]) -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder of the runs' JSON files")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe settings")
     args = parser.parse_args(argv)
+    code = code_commit()  # at the start: the tree may be checked out anew during a long run
     import torch
 
     from benchmarks.parity import workers
@@ -305,7 +306,7 @@ def run(argv: list[str]) -> None:
         ),
         "options": {k: v if isinstance(v, int | float | str) else repr(v) for k, v in options.items()},
         "command": shlex.join([sys.executable, "-m", "benchmarks.parity.scale", "run", *argv]),
-        "code": code_commit(),
+        "code": code,
         "curve": [{"step": p["step"], "valid_nll": p["valid_nll"]} for p in result["curve"]],
         "consensus": [{"step": p["step"], "relative": p["consensus_distance_rel"]} for p in result["curve"]],
         "seconds": result["curve"][-1]["seconds"] if result["curve"] else 0.0,

@@ -147,7 +147,8 @@ def summary(runs: list[dict[str, Any]], references: dict[tuple[int, int], dict[s
         for step in SUMMARY_STEPS:
             values = [d[step] for d in diffs if step in d]
             cells.append(f"{statistics.mean(values):+.3f} ({len(values)})" if values else "")
-        lines.append(f"| {nodes} x {per_node} | {method} | {lr:g} | " + " | ".join(cells) + " |")
+        if any(cells):  # runs stopped before the first summary step have no row here
+            lines.append(f"| {nodes} x {per_node} | {method} | {lr:g} | " + " | ".join(cells) + " |")
     return lines
 
 
