@@ -20,8 +20,8 @@ a node's share divided by ``L``), ``global_collectives_per_step``, ``command``, 
 commit), ``lr`` and ``curve`` (valid NLL of the ranks' exact average). ``table`` writes the grid's
 page from folders of runs (one folder per learning rate: a run's file name does not hold it)::
 
-    python -m benchmarks.parity.scale table benchmarks/results/parity_scale/{runs,lr-5e-4,lr-1e-3,lr-4e-3} \\
-        --out benchmarks/results/parity_scale/README.md
+    python -m benchmarks.parity.scale table --out benchmarks/results/parity_scale/README.md \\
+        benchmarks/results/parity_scale/{runs,lr-5e-4,lr-1e-3,lr-4e-3,probes}
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ class Method:
     about: str
     nodes_of_one: bool = True  # whether it runs on single-rank nodes
     accum: Callable[[int], int] | None = field(default=None)  # accum_steps from the node count
-    optimizer_class: str = "decentadam.DecentralizedAdam"  # a probe's subclass (benchmarks.parity.*)
 
 
 def accum_window(nodes: int) -> int:
@@ -134,35 +133,6 @@ METHODS: dict[str, Method] = {
         "complete, bf16 updates, every step mixed before the next gradient, the ranks' raw second-moment "
         "estimates averaged: All-Reduce but for the second moment's estimate and the updates' rounding",
     ),
-    **{
-        f"{prefix}-{name}": Method(
-            options,
-            f"{about}; the own update applied only through the exchange{how} (benchmarks.parity.held_update)",
-            optimizer_class=f"benchmarks.parity.held_update.{probe}",
-        )
-        for prefix, probe, how in (
-            ("held", "HeldUpdateAdam", ""),
-            ("predicted", "PredictedHeldAdam", ", each gradient at x(t) + (x(t) - x(t-1))"),
-        )
-        for name, options, about in (
-            ("aer", {}, "the default's setting (aer, float32 parameters, all_ranks)"),
-            (
-                "exp-avg32-global",
-                {
-                    "topology": "one-peer-exp",
-                    "exchange": "bf16_updates",
-                    "average_every": 32,
-                    "second_moment": Global(),
-                },
-                "one-peer-exp, bf16 updates, exact average every 32 steps with the ranks' floored estimates",
-            ),
-            (
-                "complete-global-raw",
-                {"topology": "complete", "exchange": "bf16_updates", "second_moment": Global(floored=False)},
-                "complete, bf16 updates, the raw estimates averaged: All-Reduce one step late but for v",
-            ),
-        )
-    },
     "complete-global": Method(
         {"topology": "complete", "second_moment": "global"},
         "complete, the ranks' second moments averaged every step",
@@ -276,7 +246,7 @@ def run(argv: list[str]) -> None:
         counter.step = step
 
     namespace = argparse.Namespace(
-        workers=ranks, device=args.device, optimizer_class=method.optimizer_class,
+        workers=ranks, device=args.device, optimizer_class="decentadam.DecentralizedAdam",
         steps=args.steps, eval_every=args.eval_every, diagnose=False, diagnose_every=50, bleu=False,
     )  # fmt: skip
     result = workers.train(namespace, cfg, options, counter.wrap, on_step)

@@ -8,8 +8,8 @@ its command, else its preset's). Bytes are inter-node bytes per rank and step ov
 multiple of DDP with bfloat16 gradients at the same node count (the budget: at most 0.6x). A last
 table gives, per method, layout and rate, the mean difference over the seeds, at steps 400 and 1,200::
 
-    python -m benchmarks.parity.scale table benchmarks/results/parity_scale/{runs,lr-5e-4,lr-1e-3,lr-4e-3} \\
-        --out benchmarks/results/parity_scale/README.md
+    python -m benchmarks.parity.scale table --out benchmarks/results/parity_scale/README.md \\
+        benchmarks/results/parity_scale/{runs,lr-5e-4,lr-1e-3,lr-4e-3,probes}
 """
 
 from __future__ import annotations
