@@ -140,3 +140,30 @@ def test_the_command_writes_the_prediction_and_says_it_is_one(
     with pytest.raises(SystemExit):
         cli.main(["--predict-scale", str(runs)])
     assert "expected benchmarks.parity.scale runs" in capsys.readouterr().err
+
+
+def test_runs_at_several_rates_are_rows_of_their_own_against_all_reduce_at_its_best_rate(
+    tmp_path: Path,
+) -> None:
+    folders = [tmp_path / "runs", tmp_path / "lr-1e-3"]
+    for folder in folders:
+        folder.mkdir()
+    command = "python -m benchmarks.parity.scale run --nodes 32 --method {} --seed 1"
+    runs = {  # the preset's rate (2e-3) where the command names none
+        "runs/allreduce": (run("allreduce", 32, 1, [6.0, 5.0, 4.0, 3.0], None), ""),
+        "lr-1e-3/allreduce": (run("allreduce", 32, 1, [5.5, 4.5, 4.2, 3.9], None), " optim.lr=1e-3"),
+        "runs/default": (run("default", 32, 1, [6.5, 5.5, 4.5, 4.0], {}), ""),
+        "lr-1e-3/default": (run("default", 32, 1, [6.5, 5.0, 4.0, 3.0], {}), " optim.lr=1e-3"),
+    }
+    for name, (record, rate) in runs.items():
+        record["command"] = command.format(record["method"]) + rate
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+    out = tmp_path / "out"
+    assert cli.main(["--predict-scale", *map(str, folders), "--out-dir", str(out)]) == 0
+    rows = json.loads((out / "time_to_quality_scale.json").read_text())["rows"]
+    found = {(r["method"], r["lr"]): r for r in rows}
+    assert set(found) == {("allreduce", 2e-3), ("default", 1e-3), ("default", 2e-3)}  # 3.0 < 3.9 at 400
+    assert found["default", 1e-3]["steps_ratio"] == pytest.approx(1.0)  # 3.0 at step 400, as All-Reduce
+    assert found["default", 2e-3]["steps_ratio"] is None  # never at 3.0
+    md = (out / "time_to_quality_scale.md").read_text()
+    assert "| 32 | default (default) | 0.001 | 1.00 |" in md

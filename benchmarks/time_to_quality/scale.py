@@ -42,6 +42,7 @@ from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
+from benchmarks.parity.scale_table import learning_rate, reference
 from benchmarks.time_to_quality.rates import solve
 from decentadam.options import FLAT_OPTIONS, SECOND_MOMENTS, GroupGradient, Setting, make_setting
 from decentadam.runtime_model import ALLREDUCE, Cluster, Workload, predict
@@ -188,6 +189,9 @@ def load_records(path: Path) -> list[dict[str, Any]]:
             f"{path}: expected benchmarks.parity.scale runs (nodes, method, seed, steps, curve), "
             f"found {len(records)} runs{f', {len(missing)} without those fields' if missing else ''}"
         )
+    for record in records:  # runs made before the grid recorded its rate: from the command
+        if "lr" not in record and "command" in record:
+            record["lr"] = learning_rate(record["command"])
     return records
 
 
@@ -223,14 +227,13 @@ def predict_scale(
     ``target_step``: All-Reduce's quality at that step is the target (:func:`target_of`)."""
     size = float(param_bytes(paper.preset)) if size is None else size
     compute_s, bandwidth = calibrate(paper, size)
-    base = {
-        (r["nodes"], r.get("ranks_per_node", 1), r["seed"]): r
-        for r in records
-        if r["method"] == PARITY_ALLREDUCE
-    }
-    rows: dict[tuple[int, str], dict[str, Any]] = {}
-    for record in sorted(records, key=lambda r: (r["nodes"], r["method"], r["seed"])):
-        ar = base.get((record["nodes"], record.get("ranks_per_node", 1), record["seed"]))
+    layout = [dict(r, ranks_per_node=r.get("ranks_per_node", 1)) for r in records]
+    base = reference(layout)  # All-Reduce at its best rate, per ranks and seed
+    rows: dict[tuple[int, str, float | None], dict[str, Any]] = {}
+    for record in sorted(layout, key=lambda r: (r["nodes"], r["method"], r.get("lr") or 0.0, r["seed"])):
+        ar = base.get((record["nodes"] * record["ranks_per_node"], record["seed"]))
+        if record["method"] == PARITY_ALLREDUCE and record is not ar:
+            continue  # All-Reduce at another rate than its best
         if ar is None or not ar["curve"] or not record["curve"]:
             continue  # no All-Reduce of the same size and seed: no target
         found = target_of(record, ar, target_step)
@@ -241,10 +244,11 @@ def predict_scale(
         seconds = iteration_s(record, paper, size, compute_s, bandwidth)
         ar_seconds = iteration_s(ar, paper, size, compute_s, bandwidth)
         row = rows.setdefault(
-            (record["nodes"], record["method"]),
+            (record["nodes"], record["method"], record.get("lr")),
             {
                 "nodes": record["nodes"],
                 "method": record["method"],
+                "lr": record.get("lr"),
                 "is_default": bool(record.get("is_default")),
                 "iteration_ms": seconds * 1e3,
                 "iteration_ratio": seconds / ar_seconds,
@@ -304,15 +308,16 @@ def markdown(prediction: dict[str, Any], source: str) -> str:
         + " Steps ratio: the steps a method needs to reach it over All-Reduce's; not reached: not within "
         "the method's run.",
         "",
-        "| nodes | method | steps ratio | predicted ms/step | time-per-step ratio | predicted time to "
+        "| nodes | method | lr | steps ratio | predicted ms/step | time-per-step ratio | predicted time to "
         "target s (seeds) | vs All-Reduce | inter-node MB/rank/step (grid) |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in prediction["rows"]:
         seeds = "; ".join(cell(s["time_to_target_s"], ".0f") for s in row["seeds"])
         megabytes = row["inter_node_bytes_per_step"]
+        lr = "-" if row.get("lr") is None else format(row["lr"], "g")
         lines.append(
-            f"| {row['nodes']} | {row['method']}{' (default)' if row['is_default'] else ''} "
+            f"| {row['nodes']} | {row['method']}{' (default)' if row['is_default'] else ''} | {lr} "
             f"| {cell(row['steps_ratio'], '.2f')} | {row['iteration_ms']:.1f} | {row['iteration_ratio']:.2f} "
             f"| {cell(row['time_to_target_s'], '.0f')} ({seeds}) | {cell(row['time_ratio'], '.2f')} "
             f"| {'-' if megabytes is None else f'{megabytes / 1e6:.1f}'} |"
@@ -323,7 +328,9 @@ def markdown(prediction: dict[str, Any], source: str) -> str:
 def main(argv: Sequence[str]) -> int:
     """``--predict-scale RUNS [--out-dir DIR]``."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.time_to_quality --predict-scale")
-    parser.add_argument("runs", type=Path, help="a benchmarks.parity.scale runs folder or JSON file")
+    parser.add_argument(
+        "runs", type=Path, nargs="+", help="benchmarks.parity.scale runs folders or JSON files (one per rate)"
+    )
     parser.add_argument(
         "--out-dir", type=Path, help="where time_to_quality_scale.{md,json} go (default: print)"
     )
@@ -337,10 +344,11 @@ def main(argv: Sequence[str]) -> int:
             f"--target-step {args.target_step}: give a positive step at which All-Reduce was evaluated"
         )
     try:
-        prediction = predict_scale(load_records(args.runs), target_step=args.target_step)
+        records = [r for path in args.runs for r in load_records(path)]
+        prediction = predict_scale(records, target_step=args.target_step)
     except (OSError, json.JSONDecodeError, ValueError) as error:
-        parser.error(f"{args.runs}: {error}")
-    text = markdown(prediction, str(args.runs))
+        parser.error(f"{' '.join(map(str, args.runs))}: {error}")
+    text = markdown(prediction, ", ".join(map(str, args.runs)))
     if args.out_dir is None:
         print(text)
         return 0
