@@ -305,6 +305,8 @@ def markdown(prediction: dict[str, Any], source: str) -> str:
             if prediction["target_step"] is None
             else f"All-Reduce's validation loss (same nodes and seed) at step {prediction['target_step']}."
         )
+        + " Where All-Reduce ran at several learning rates, the one with the lowest loss at the last step"
+        " its runs share."
         + " Steps ratio: the steps a method needs to reach it over All-Reduce's; not reached: not within "
         "the method's run.",
         "",
