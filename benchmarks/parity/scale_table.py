@@ -31,9 +31,9 @@ SUMMARY_STEPS = (400, 1200)
 
 def load(folders: list[Path]) -> list[dict[str, Any]]:
     """Every run's JSON in ``folders``, each with its ``lr``, sorted by layout, method, rate and seed."""
-    runs = [json.loads(path.read_text()) for folder in folders for path in sorted(folder.glob("*.json"))]
-    for run in runs:
-        run.setdefault("lr", learning_rate(run["command"]))
+    runs = with_rates(
+        [json.loads(path.read_text()) for folder in folders for path in sorted(folder.glob("*.json"))]
+    )
     return sorted(
         runs,
         key=lambda r: (
@@ -44,6 +44,14 @@ def load(folders: list[Path]) -> list[dict[str, Any]]:
             r["seed"],
         ),
     )
+
+
+def with_rates(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``runs``, each given the ``lr`` of its command where it has none (made before runs recorded it)."""
+    for run in runs:
+        if "lr" not in run and "command" in run:
+            run["lr"] = learning_rate(run["command"])
+    return runs
 
 
 def learning_rate(command: str) -> float:
@@ -64,7 +72,7 @@ def reference(runs: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any
     that all its runs on those ranks and that seed reached."""
     candidates: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for r in runs:
-        if r["method"] == "allreduce":
+        if r["method"] == "allreduce" and r["curve"]:
             candidates[r["nodes"] * r["ranks_per_node"], r["seed"]].append(r)
     best = {}
     for key, found in candidates.items():

@@ -42,7 +42,7 @@ from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks.parity.scale_table import learning_rate, reference
+from benchmarks.parity.scale_table import reference, with_rates
 from benchmarks.time_to_quality.rates import solve
 from decentadam.options import FLAT_OPTIONS, SECOND_MOMENTS, GroupGradient, Setting, make_setting
 from decentadam.runtime_model import ALLREDUCE, Cluster, Workload, predict
@@ -189,10 +189,7 @@ def load_records(path: Path) -> list[dict[str, Any]]:
             f"{path}: expected benchmarks.parity.scale runs (nodes, method, seed, steps, curve), "
             f"found {len(records)} runs{f', {len(missing)} without those fields' if missing else ''}"
         )
-    for record in records:  # runs made before the grid recorded its rate: from the command
-        if "lr" not in record and "command" in record:
-            record["lr"] = learning_rate(record["command"])
-    return records
+    return with_rates(records)
 
 
 def target_of(
