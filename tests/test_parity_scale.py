@@ -85,7 +85,7 @@ def fake_run(method: str, lr_word: str | None, curve: list[float], seed: int = 1
 
 
 def test_the_table_compares_every_rate_with_all_reduce_at_its_best_rate(tmp_path: Path) -> None:
-    folders = {name: tmp_path / name for name in ("runs", "lr-1e-3")}
+    folders = {name: tmp_path / name for name in ("runs", "lr-1e-3", "lr-4e-3")}
     for folder in folders.values():
         folder.mkdir()
     runs = {
@@ -94,11 +94,14 @@ def test_the_table_compares_every_rate_with_all_reduce_at_its_best_rate(tmp_path
         "runs/default": fake_run("default", None, [5.5, 4.5, 4.2, 4.0]),
         "lr-1e-3/default": fake_run("default", "optim.lr=1e-3", [5.2, 4.4, 4.0, 3.6]),
         "lr-1e-3/exp": fake_run("exp", "optim.lr=1e-3", [5.3, 4.6]),  # stopped before step 400
+        "lr-4e-3/allreduce": fake_run(
+            "allreduce", "optim.lr=4e-3", []
+        ),  # stopped before its first evaluation
     }
     for name, run in runs.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(run))
     page = tmp_path / "README.md"
-    scale.main(["table", str(folders["runs"]), str(folders["lr-1e-3"]), "--out", str(page)])
+    scale.main(["table", *map(str, folders.values()), "--out", str(page)])
     text = page.read_text()
     assert "| 16 x 1 | 256 | allreduce * | 0.002 | 1 |" in text  # 3.0 < 3.5 at step 400, the last shared
     assert "| 16 x 1 | 256 | allreduce | 0.001 | 1 |" in text
