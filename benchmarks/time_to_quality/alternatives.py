@@ -23,7 +23,10 @@ initial weights and reads its data order).
     gradient, plus the error it left out at the last step (error feedback): Adam's moments are
     those of the approximated gradient, so its second moment sees less of the gradient's noise
     than with the exact mean. Tensors whose compression would not save 2x go through a plain
-    all-reduce (``min_compression_rate``, torch's default).
+    all-reduce (``min_compression_rate``, torch's default). Once compressing, each bucket's hook
+    waits for its own three all-reduces before it returns (:func:`powersgd_hook`): on gloo, torch's
+    hook issues the second and third from callbacks on gloo's threads, so with several buckets the
+    ranks could issue them in different orders (a collective mismatch that aborts the run).
 ``postlocal``
     torch's post-local SGD: ``PostLocalSGDOptimizer`` around the recipe's AdamW with a
     ``PeriodicModelAverager(period=4, warmup_steps=--warmup)``, and DDP's ``post_localSGD_hook``
@@ -105,8 +108,30 @@ def bf16_hook(state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tens
     return bf16_compress_hook(state, bucket)
 
 
+def powersgd_hook(state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """torch's ``powerSGD_hook``; once it compresses, finished before the next bucket's hook starts.
+
+    Compressing a bucket takes three all-reduces (the uncompressed tensors, then ``P``, then ``Q``),
+    the later two issued from the earlier one's future. On gloo (CPU) those futures complete on
+    gloo's threads, so while backward goes on, one rank can issue bucket ``k``'s ``P`` before bucket
+    ``k + 1``'s first all-reduce and another after it: a collective mismatch (gloo aborts with
+    "Received data size doesn't match expected size"). Waiting here keeps every rank's order the
+    buckets' order; the compressed messages are small, so what it costs is their latency.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
+
+    compressing = state.iter >= state.start_powerSGD_iter
+    future = powerSGD_hook(state, bucket)
+    if not compressing:
+        return future  # one plain all-reduce per bucket, issued in the buckets' order
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(future.wait())
+    return done
+
+
 # DDP compares a hook's annotations with these classes, and this module's annotations are strings
-bf16_hook.__annotations__ = {"state": Any, "bucket": GradBucket, "return": torch.futures.Future[torch.Tensor]}
+for _hook in (bf16_hook, powersgd_hook):
+    _hook.__annotations__ = {"state": Any, "bucket": GradBucket, "return": torch.futures.Future[torch.Tensor]}
 
 
 @dataclass(frozen=True)
@@ -132,7 +157,7 @@ class CommHook:
                 matrix_approximation_rank=self.rank,
                 start_powerSGD_iter=max(self.warmup, 2),  # torch needs >= 2 with error feedback
             )
-            ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+            ddp.register_comm_hook(state, powersgd_hook)
         return model, optimizer
 
     def averaged(self, model: nn.Module) -> contextlib.AbstractContextManager[nn.Module]:
