@@ -58,7 +58,6 @@ class Method:
     about: str
     nodes_of_one: bool = True  # whether it runs on single-rank nodes
     accum: Callable[[int], int] | None = field(default=None)  # accum_steps from the node count
-    optimizer_class: str = "decentadam.DecentralizedAdam"  # a probe's subclass (benchmarks.parity.*)
 
 
 def accum_window(nodes: int) -> int:
@@ -117,12 +116,6 @@ METHODS: dict[str, Method] = {
         },
         "one-peer-exp, bf16 updates, exact average every 32 steps with the ranks' floored estimates, "
         "overlapped",
-    ),
-    "quasi-global": Method(
-        {},
-        "the default's setting with quasi-global momentum: the displacement the mixing gave carried by the "
-        "momentum (benchmarks.parity.quasi_global)",
-        optimizer_class="benchmarks.parity.quasi_global.QuasiGlobalAdam",
     ),
     "complete": Method({"topology": "complete"}, "all_ranks on complete (an exact average every step)"),
     **{
@@ -263,7 +256,7 @@ def run(argv: list[str]) -> None:
         counter.step = step
 
     namespace = argparse.Namespace(
-        workers=ranks, device=args.device, optimizer_class=method.optimizer_class,
+        workers=ranks, device=args.device, optimizer_class="decentadam.DecentralizedAdam",
         steps=args.steps, eval_every=args.eval_every, diagnose=False, diagnose_every=50, bleu=False,
     )  # fmt: skip
     result = workers.train(namespace, cfg, options, counter.wrap, on_step)
