@@ -89,34 +89,19 @@ METHODS: dict[str, Method] = {
         {"topology": "one-peer-exp", "exchange": "bf16_updates", "average_every": 16},
         "all_ranks, one-peer-exp, bf16 updates, exact average every 16 steps",
     ),
-    "exp-avg16-global": Method(
-        {
-            "topology": "one-peer-exp",
-            "exchange": "bf16_updates",
-            "average_every": 16,
-            "second_moment": "global",
-        },
-        "one-peer-exp, bf16 updates, exact average every 16 steps with the ranks' second moments",
-    ),
-    "exp-avg8-global": Method(
-        {
-            "topology": "one-peer-exp",
-            "exchange": "bf16_updates",
-            "average_every": 8,
-            "second_moment": "global",
-        },
-        "one-peer-exp, bf16 updates, exact average every 8 steps with the ranks' second moments",
-    ),
-    "exp-avg32-global": Method(
-        {
-            "topology": "one-peer-exp",
-            "exchange": "bf16_updates",
-            "average_every": 32,
-            "second_moment": "global",
-        },
-        "one-peer-exp, bf16 updates, exact average every 32 steps with the ranks' floored estimates, "
-        "overlapped",
-    ),
+    **{
+        f"exp-avg{every}-global": Method(
+            {
+                "topology": "one-peer-exp",
+                "exchange": "bf16_updates",
+                "average_every": every,
+                "second_moment": "global",
+            },
+            f"one-peer-exp, bf16 updates, exact average every {every} steps with the ranks' floored "
+            "estimates, overlapped",
+        )
+        for every in (8, 16, 32)
+    },
     "complete": Method({"topology": "complete"}, "all_ranks on complete (an exact average every step)"),
     **{
         f"sync-{graph}-avg{every}{suffix}": Method(

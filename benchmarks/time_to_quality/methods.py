@@ -132,7 +132,8 @@ def about(name: str, best: str | None, warmup: int) -> str:
         "checks for NCCL by the function's name, and gloo all-reduces bfloat16)",
         "powersgd": f"DDP + AdamW with torch's powerSGD_hook, rank {alt.POWERSGD_RANK}, error feedback and "
         f"warm start, plain all-reduce for the first {max(warmup, 2)} steps (the warm-up); AdamW sees the "
-        "low-rank approximation of the mean gradient plus the error fed back from the step before",
+        "low-rank approximation of the mean gradient plus the error fed back from the step before; each "
+        "bucket's compressed all-reduces finished before the next bucket's (gloo orders them per rank)",
         "postlocal": f"PostLocalSGDOptimizer(AdamW, PeriodicModelAverager(period={alt.PERIOD}, "
         f"warmup_steps={warmup})) with post_localSGD_hook (start_localSGD_iter={warmup}, the nodes as "
         "subgroups): after the warm-up the gradients are all-reduced inside each node and all ranks "
