@@ -59,22 +59,50 @@ def test_the_bisection_solves_rising_and_falling_functions_and_says_when_it_cann
 # ------------------------------------------------------------------------------------ methods, order, load
 
 
-def test_all_reduce_runs_first_and_last_and_every_method_once_per_seed_and_rate() -> None:
-    names = ["allreduce", "powersgd", "decentadam-default"]
+def test_all_reduce_starts_every_seed_and_the_others_alternate_once_per_seed_and_rate() -> None:
+    names = ["allreduce", "powersgd", "postlocal", "decentadam-default"]
     jobs = run_order(names, [1, 2], [1e-3])
     assert [(j.method, j.seed) for j in jobs] == [
-        ("allreduce", 1), ("powersgd", 1), ("decentadam-default", 1),
-        ("decentadam-default", 2), ("powersgd", 2), ("allreduce", 2),
+        ("allreduce", 1), ("powersgd", 1), ("postlocal", 1), ("decentadam-default", 1),
+        ("allreduce", 2), ("decentadam-default", 2), ("postlocal", 2), ("powersgd", 2),
     ]  # fmt: skip
-    # the mean position of every method over the two seeds is the same: a linear drift cancels
-    positions = {name: [i for i, j in enumerate(jobs) if j.method == name] for name in names}
+    # the others train for All-Reduce's time of their seed, so it runs first in each seed; the mean
+    # position of every other method over the two seeds is the same: a linear drift cancels
+    positions = {name: [i for i, j in enumerate(jobs) if j.method == name] for name in names[1:]}
     assert len({sum(p) for p in positions.values()}) == 1
     grid = run_order(names, [1, 2, 3], [1e-3, 2e-3])
-    assert len(grid) == 18 and len(set(grid)) == 18
-    assert grid[0] == Job("allreduce", 1, 1e-3) and grid[11] == Job("allreduce", 2, 1e-3)
-    assert grid[12] == Job("allreduce", 3, 1e-3)
+    assert len(grid) == 24 and len(set(grid)) == 24
+    assert grid[:2] == [Job("allreduce", 1, 1e-3), Job("allreduce", 1, 2e-3)]
+    assert grid[8:10] == [Job("allreduce", 2, 1e-3), Job("allreduce", 2, 2e-3)]
+    assert grid[10] == Job("decentadam-default", 2, 2e-3) and grid[16] == Job("allreduce", 3, 1e-3)
     assert Job("powersgd", 2, 2e-3).key(grid=True) == "powersgd/lr=0.002/seed2"
     assert Job("powersgd", 2, 2e-3).key(grid=False) == "powersgd/seed2"
+
+
+def test_every_other_training_gets_all_reduce_s_time_of_its_seed_and_rate(tmp_path: Path) -> None:
+    settings = parse_args(["--data", str(tmp_path), "--methods", "allreduce", "--steps", "20"])
+    jobs = run_order(["allreduce", "powersgd", "postlocal"], [1, 2], [1e-3, 2e-3])
+    seconds = {(1, 1e-3): 30.0, (1, 2e-3): 31.0, (2, 2e-3): 33.0}  # DDP of seed 2 at 1e-3 fails
+    asked: list[tuple[str, int, float, float | None]] = []
+    done: list[int] = []
+
+    def run_one(job: Job, run: Path, budget: float | None) -> dict[str, Any]:
+        asked.append((job.method, job.seed, job.lr, budget))
+        if job.method == "allreduce" and (job.seed, job.lr) not in seconds:
+            return {"method": job.method, "seed": job.seed, "failed": "died", "wall_seconds": 1.0,
+                    "curve": points((10, 12.0, 5.0))}  # fmt: skip
+        end = seconds.get((job.seed, job.lr), 40.0)
+        return {"method": job.method, "seed": job.seed, "wall_seconds": end,
+                "curve": points((10, end / 2, 5.0), (20, end, 4.0))}  # fmt: skip
+
+    trained: dict[str, dict[str, Any]] = {}
+    cli.train_in_order(jobs, True, settings, run_one, done.append, trained)
+    budgets = {(m, s, lr): b for m, s, lr, b in asked}
+    assert all(budgets[("allreduce", s, lr)] is None for s in (1, 2) for lr in (1e-3, 2e-3))
+    assert budgets[("powersgd", 1, 1e-3)] == 30.0 and budgets[("postlocal", 1, 2e-3)] == 31.0
+    assert budgets[("powersgd", 2, 2e-3)] == 33.0
+    assert budgets[("powersgd", 2, 1e-3)] is None  # its DDP failed: the others train its steps
+    assert done == [1, 2] and len(trained) == 12 and trained["powersgd/lr=0.002/seed2"]["order"] == 10
 
 
 def test_the_load_meter_samples_the_load_average_and_the_busy_share() -> None:
@@ -424,6 +452,7 @@ def test_render_writes_the_report_again_from_the_json(
     ("extra", "message"),
     [
         (["--steps", "0"], "--steps must be at least 1"),
+        (["--steps", "100", "--max-steps", "50"], "--max-steps 50 is below --steps 100"),
         (["--eval-every", "0"], "--eval-every must be at least 1"),
         (["--methods", "allreduce,aer"], "expected distinct names of allreduce, allreduce-bf16"),
         (["--methods", "powersgd"], "every comparison is to allreduce"),
@@ -456,6 +485,12 @@ def test_settings_defaults_and_what_every_training_gets(tmp_path: Path) -> None:
     assert settings.recipe_overrides() == [f"data={tmp_path}", "train.log_every=100", "model.dropout=0.2"]
     run = settings.run_settings(seed=2, lr=None)
     assert {"train.seed=2", "train.save_every=100", "train.keep_last=0", "train.max_minutes=0"} <= set(run)
+    assert "train.max_steps=1200" in run
+    # a method after All-Reduce trains for its time, at most 3 x its steps (or --max-steps)
+    timed = settings.run_settings(seed=2, lr=None, budget_s=90.0)
+    assert {"train.max_minutes=1.5", "train.max_steps=3600", "train.seed=2"} <= set(timed)
+    capped = parse_args(["--data", str(tmp_path), "--methods", "allreduce", "--max-steps", "2000"])
+    assert "train.max_steps=2000" in capped.run_settings(seed=1, lr=None, budget_s=90.0)
     assert not any(item.startswith("optim.lr") for item in run)
     assert "optim.lr=0.001" in settings.run_settings(seed=1, lr=1e-3)
     assert parse_args(["--data", str(tmp_path), "--lr-grid", "1e-3,2e-3", "--methods", "allreduce"]).lrs == (
@@ -518,9 +553,16 @@ def test_the_command_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
     assert sorted(report["runs"]) == sorted(f"{m}/seed{s}" for m in every for s in (1, 2))
     assert [run["order"] for run in report["runs"].values()] == list(range(1, 2 * len(every) + 1))
     keys = list(report["runs"])
-    assert keys[0] == "allreduce/seed1" and keys[-1] == "allreduce/seed2"
-    for run in report["runs"].values():
-        assert [p["step"] for p in run["curve"]] == [2, 4]
+    assert keys[0] == "allreduce/seed1" and keys[len(every)] == "allreduce/seed2"
+    for key, run in report["runs"].items():
+        steps = [p["step"] for p in run["curve"]]
+        if run["method"] == "allreduce":
+            assert steps == [2, 4] and run["budget_s"] is None
+        else:  # DDP's time of its seed (any rank's clock: out_of_time), at most 3 x 4 steps
+            ddp = report["runs"][f"allreduce/seed{run['seed']}"]["curve"][-1]["train_seconds"]
+            assert run["budget_s"] == ddp and steps == list(range(2, steps[-1] + 1, 2)), key
+            assert f"train.max_minutes={ddp / 60:.6g}" in run["train_command"], key
+            assert "train.max_steps=12" in run["train_command"] and run["steps"] == steps[-1], key
         assert run["bleu_signature"].startswith("nrefs:1|case:mixed|")
         assert run["inter_node_bytes_per_step"] > 0  # the ranks talked through the shaped links
         assert run["load"]["loadavg_samples"] >= 2 and 0 < run["load"]["cpu_busy_share"] <= 1

@@ -12,7 +12,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +21,13 @@ from benchmarks.cluster.netns import ClusterSpec, EmulatedCluster, missing_requi
 from benchmarks.machine import machine
 from benchmarks.time_to_quality.curves import steady_ms_per_iter
 from benchmarks.time_to_quality.launch import calibrate, train
-from benchmarks.time_to_quality.methods import BASELINE, NODES, RANKS_PER_NODE, about, run_order
+from benchmarks.time_to_quality.methods import BASELINE, NODES, RANKS_PER_NODE, Job, about, run_order
 from benchmarks.time_to_quality.rates import allreduce_comm_s, solve_rate_mbit
 from benchmarks.time_to_quality.report import fmt, summary, write_report
 from benchmarks.time_to_quality.settings import Settings, parse_args
 from recipes.common.run import list_checkpoints
 from recipes.translation import config
-from recipes.translation.compare import bleu, curve
+from recipes.translation.compare import bleu
 
 logger = logging.getLogger("time-to-quality")
 
@@ -111,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "data": settings.data,
         "overrides": list(settings.overrides),
         "steps": settings.steps,
+        "max_steps": settings.step_cap,
+        "time_budget": True,
         "eval_every": settings.eval_every,
         "seeds": list(settings.seeds),
         "lrs": list(settings.lrs or (optim.lr,)),
@@ -130,21 +132,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "inter_bytes_per_s": report["probes"]["duplex"]["bytes_per_s"],
             "intra_bytes_per_s": report["probes"]["intra"]["bytes_per_s"],
         }
-        for order, job in enumerate(jobs, start=1):
-            key = job.key(grid)
-            run = settings.work_dir / key.replace("/", "-")
-            logger.info("training %d/%d: %s, %d steps", order, len(jobs), key, settings.steps)
-            result = train(cluster, job, settings, run, logs, warmup)
-            result.update(order=order, run_dir=str(run), curve=curve(run))
-            trained[key] = result
-            if "failed" in result:  # the others still run; the report says which failed and why
-                logger.error("%s FAILED after %.0f s wall: %s", key, result["wall_seconds"],
-                             result["failed"].splitlines()[0])  # fmt: skip
-            else:
-                logger.info("%s: %s ms per step, %.0f s wall", key,
-                            fmt(steady_ms_per_iter(result["curve"])), result["wall_seconds"])  # fmt: skip
-            if order == len(jobs) or jobs[order].seed != job.seed:  # the seed's trainings are done
-                score(trained, job.seed, settings, calibration["test"])
+
+        def run_one(job: Job, run: Path, budget: float | None) -> dict[str, Any]:
+            return train(cluster, job, settings, run, logs, warmup, budget)
+
+        def seed_done(seed: int) -> None:
+            score(trained, seed, settings, calibration["test"])
+
+        train_in_order(jobs, grid, settings, run_one, seed_done, trained)
     report["grid" if grid else "runs"] = trained
     if grid:
         report["runs"] = {}  # curves.analyse picks each method's rate
@@ -160,6 +155,40 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"report's 'Failed trainings' and {logs}", file=sys.stderr)  # fmt: skip
         return 1
     return 0
+
+
+def train_in_order(
+    jobs: Sequence[Job],
+    grid: bool,
+    settings: Settings,
+    run_one: Callable[[Job, Path, float | None], dict[str, Any]],
+    seed_done: Callable[[int], None],
+    trained: dict[str, dict[str, Any]],
+) -> None:
+    """Train ``jobs`` in their order into ``trained`` (by key): All-Reduce for ``settings.steps``
+    steps, every other job for All-Reduce's training time with its seed and rate (``run_one``'s third
+    argument; None, so ``settings.steps``, where that All-Reduce failed or is not run first); call
+    ``seed_done`` once a seed's trainings are done."""
+    budgets: dict[tuple[int, float], float] = {}  # All-Reduce's training seconds by (seed, rate)
+    for order, job in enumerate(jobs, start=1):
+        key = job.key(grid)
+        run = settings.work_dir / key.replace("/", "-")
+        budget = None if job.method == BASELINE else budgets.get((job.seed, job.lr))
+        length = f"{settings.steps} steps" if budget is None else f"All-Reduce's {budget:.0f} s"
+        logger.info("training %d/%d: %s, %s", order, len(jobs), key, length)
+        result = run_one(job, run, budget)
+        result.update(order=order, run_dir=str(run))
+        trained[key] = result
+        if job.method == BASELINE and "failed" not in result and result["curve"]:
+            budgets[(job.seed, job.lr)] = result["curve"][-1]["train_seconds"]
+        if "failed" in result:  # the others still run; the report says which failed and why
+            logger.error("%s FAILED after %.0f s wall: %s", key, result["wall_seconds"],
+                         result["failed"].splitlines()[0])  # fmt: skip
+        else:
+            logger.info("%s: %s ms per step, %.0f s wall", key,
+                        fmt(steady_ms_per_iter(result["curve"])), result["wall_seconds"])  # fmt: skip
+        if order == len(jobs) or jobs[order].seed != job.seed:  # the seed's trainings are done
+            seed_done(job.seed)
 
 
 def score(trained: dict[str, dict[str, Any]], seed: int, settings: Settings, test: dict[str, str]) -> None:

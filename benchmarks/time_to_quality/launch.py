@@ -19,6 +19,7 @@ from benchmarks.cluster.netns import EmulatedCluster
 from benchmarks.cluster.worker import busy_share, host_cpu_jiffies
 from benchmarks.time_to_quality.methods import METHODS, NODES, RANKS_PER_NODE, Job, method_args
 from benchmarks.time_to_quality.settings import Settings
+from recipes.translation.compare import curve
 
 CALIBRATE = "benchmarks.time_to_quality.calibrate"
 FAILURE_CHARS = 4000
@@ -107,17 +108,26 @@ class LoadMeter:
 
 
 def train(
-    cluster: EmulatedCluster, job: Job, settings: Settings, run: Path, logs: Path, warmup: int
+    cluster: EmulatedCluster,
+    job: Job,
+    settings: Settings,
+    run: Path,
+    logs: Path,
+    warmup: int,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
-    """Train ``job`` with one process per rank in its node's namespace; return its command, wall
-    seconds, the bytes that crossed the node links and the machine's load meanwhile. A training that
+    """Train ``job`` with one process per rank in its node's namespace, ``settings.steps`` steps or,
+    with ``budget_s``, for that many seconds of training (:meth:`Settings.run_settings`); return its
+    command, wall seconds, validation curve, the bytes that crossed the node links per step and the
+    machine's load meanwhile. A training that
     fails (a rank's exit code, a hang past ``--timeout``) returns the same with ``failed``: what
     :func:`~benchmarks.cluster.launch.run_all` said, the failed rank's log tail included; the
     benchmark goes on with the next one."""
     lr = job.lr if settings.lrs else None
     argv = [
         sys.executable, "-u", *method_args(job.method, settings.best, warmup), "--preset", settings.preset,
-        *settings.recipe_overrides(), *settings.run_settings(job.seed, lr), f"train.output_dir={run}",
+        *settings.recipe_overrides(), *settings.run_settings(job.seed, lr, budget_s),
+        f"train.output_dir={run}",
     ]  # fmt: skip
     world = NODES * RANKS_PER_NODE
     name = run.name
@@ -133,17 +143,21 @@ def train(
     wall = time.monotonic() - begin
     after = cluster.link_bytes()
     sent = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))  # node -> switch, every node
+    points = curve(run)
+    steps = points[-1]["step"] if points else settings.steps  # where it stopped (a budget: its own)
     result = {
         "method": job.method,
         "seed": job.seed,
         "lr": job.lr,
         "is_default": METHODS[job.method].is_default,
         "label": METHODS[job.method].label,
-        "steps": settings.steps,
+        "steps": steps,
+        "budget_s": budget_s,
         "train_command": shlex.join(argv),
         "wall_seconds": round(wall, 1),
-        "inter_node_bytes_per_step": sent / (world * settings.steps),
+        "inter_node_bytes_per_step": sent / (world * steps),
         "load": load.result,
+        "curve": points,
     }
     if failure is not None:
         result["failed"] = failure

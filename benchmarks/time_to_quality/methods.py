@@ -105,14 +105,15 @@ class Job:
 
 
 def run_order(methods: Sequence[str], seeds: Sequence[int], lrs: Sequence[float]) -> list[Job]:
-    """Every (method, seed, rate) once, seed after seed; the methods (and rates) in the given order
-    for the first seed, reversed for the second, and so on. A slow drift of the machine then hits
-    each method about equally on the mean of two seeds, and the first method (All-Reduce) runs
-    first and last."""
-    one_seed = [(lr, method) for lr in lrs for method in methods]
+    """Every (method, seed, rate) once, seed after seed. Each seed starts with All-Reduce (at every
+    rate): the others train for its training time, so it must be known first. The other methods (and
+    rates) follow in the given order for the first seed, reversed for the second, and so on: a slow
+    drift of the machine then hits each of them about equally on the mean of two seeds."""
+    first = [(lr, method) for lr in lrs for method in methods if method == BASELINE]
+    rest = [(lr, method) for lr in lrs for method in methods if method != BASELINE]
     jobs = []
     for index, seed in enumerate(seeds):
-        order = one_seed if index % 2 == 0 else one_seed[::-1]
+        order = first + (rest if index % 2 == 0 else rest[::-1])
         jobs += [Job(method, seed, lr) for lr, method in order]
     return jobs
 

@@ -27,6 +27,18 @@ def _mean_and_seeds(field: dict[str, Any], spec: str, missing: str = "-") -> str
     return f"{fmt(field['mean'], spec, missing)} ({seeds})"
 
 
+def length(report: dict[str, Any]) -> str:
+    """How long the trainings were: the same steps for every method (reports before the time budget),
+    or All-Reduce's steps and every other method for All-Reduce's training time of its seed."""
+    if not report.get("time_budget"):
+        return f"{report['steps']} steps per training"
+    return (
+        f"DDP (float32) trains {report['steps']} steps; every other method trains for DDP's training time "
+        f"of its seed (checked at each evaluation, so it may pass it by up to one interval; at most "
+        f"{report['max_steps']} steps)"
+    )
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The report's text (after :func:`~benchmarks.time_to_quality.curves.analyse`)."""
     cal, link, machine = report["calibration"], report["link"], report["machine"]
@@ -43,7 +55,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Preset `{report['preset']}` with "
         + (f"`{' '.join(report['overrides'])}`, " if report["overrides"] else "no overrides, ")
-        + f"{report['steps']} steps per training, validation loss every {report['eval_every']} steps, "
+        + length(report)
+        + f", validation loss every {report['eval_every']} steps, "
         f"{NODES} emulated nodes x {RANKS_PER_NODE} ranks (benchmarks/cluster/netns.py), seeds "
         f"{', '.join(map(str, seeds))} (initial weights and data order; every method trains each), all "
         f"in this one invocation on one link rate. Machine: {machine.get('cpu', '?')}, "

@@ -30,6 +30,7 @@ class Settings:
 
     data: str
     steps: int
+    """All-Reduce's steps; every other method trains for All-Reduce's training time of its seed."""
     eval_every: int
     methods: tuple[str, ...]
     seeds: tuple[int, ...] = (1, 2)
@@ -49,17 +50,31 @@ class Settings:
     prefix: str = "dcq"
     bleu_args: tuple[str, ...] = ()
     timeout_s: float = 3600.0
+    max_steps: int = 0
+    """The most steps a method that trains for All-Reduce's time may take (0: 3 x ``steps``)."""
+
+    @property
+    def step_cap(self) -> int:
+        """:attr:`max_steps`, or 3 x ``steps`` where it is 0."""
+        return self.max_steps or 3 * self.steps
 
     def recipe_overrides(self) -> list[str]:
         """Overrides for every process that reads the recipe's config: the data, then the user's."""
         return [f"data={self.data}", f"train.log_every={self.eval_every}", *self.overrides]
 
-    def run_settings(self, seed: int, lr: float | None) -> list[str]:
-        """Overrides that make the trainings comparable: equal steps, no time limit, 2 x 2 ranks, a
-        checkpoint at every evaluation (BLEU in All-Reduce's training time), the seed, the rate."""
+    def run_settings(self, seed: int, lr: float | None, budget_s: float | None = None) -> list[str]:
+        """Overrides that make the trainings comparable: 2 x 2 ranks, a checkpoint at every evaluation
+        (BLEU in All-Reduce's training time), the seed, the rate; and how long to train: ``steps``
+        steps (All-Reduce, or where ``budget_s`` is None), else until ``budget_s`` seconds of training
+        (All-Reduce's of the seed; checked at each evaluation) or :attr:`step_cap` steps, whichever
+        comes first. The recipe's schedule does not depend on the steps (inverse square root after
+        the warm-up), so a longer run follows the same rates."""
+        if budget_s is None:
+            length = [f"train.max_steps={self.steps}", "train.max_minutes=0"]
+        else:
+            length = [f"train.max_steps={self.step_cap}", f"train.max_minutes={budget_s / 60:.6g}"]
         return [
-            f"train.max_steps={self.steps}",
-            "train.max_minutes=0",
+            *length,
             f"train.eval_every={self.eval_every}",
             f"train.save_every={self.eval_every}",
             "train.keep_last=0",
@@ -89,8 +104,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         "--data", required=True, help="the preset's data directory (recipes/translation/README.md)"
     )
     parser.add_argument(
-        "--steps", type=int, default=1200, help="optimizer steps of every training (default 1200)"
-    )
+        "--steps", type=int, default=1200,
+        help="All-Reduce's optimizer steps (default 1200); every other method trains for All-Reduce's "
+        "training time of its seed",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-steps", type=int, default=0,
+        help="the most steps a method may take within All-Reduce's time (default: 3 x --steps)",
+    )  # fmt: skip
     parser.add_argument(
         "--eval-every", type=int, help="steps between validation losses (default: steps / 12)"
     )
@@ -133,6 +154,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
 
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
+    if args.max_steps and args.max_steps < args.steps:
+        parser.error(f"--max-steps {args.max_steps} is below --steps {args.steps}: give at least --steps")
     eval_every = args.eval_every if args.eval_every is not None else max(1, args.steps // 12)
     if eval_every < 1:
         parser.error(f"--eval-every must be at least 1, got {eval_every}")
@@ -193,4 +216,5 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         prefix=args.prefix,
         bleu_args=tuple(args.bleu_arg),
         timeout_s=timeout_min * 60,
+        max_steps=args.max_steps,
     )
