@@ -102,6 +102,17 @@ METHODS: dict[str, Method] = {
         )
         for every in (8, 16, 32)
     },
+    "exp-avg32-global-sync300": Method(
+        {
+            "topology": "one-peer-exp",
+            "exchange": "bf16_updates",
+            "average_every": 32,
+            "second_moment": "global",
+            "sync_steps": 300,
+        },
+        "exp-avg32-global with its first 300 steps (the rate's warm-up) mixed before the next gradient, "
+        "then overlapped: consensus kept small early, where it costs most",
+    ),
     "complete": Method({"topology": "complete"}, "all_ranks on complete (an exact average every step)"),
     **{
         f"sync-{graph}-avg{every}{suffix}": Method(
