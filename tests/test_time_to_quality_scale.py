@@ -130,7 +130,7 @@ def test_the_command_writes_the_prediction_and_says_it_is_one(
     assert cli.main(["--predict-scale", str(runs), "--out-dir", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "time_to_quality_scale.md").read_text()
     assert md.startswith("# Predicted time to quality at scale (the runtime model's, not a measurement)")
-    assert "| 32 | default (default) |" in md and "published 188.5 ms All-Reduce and 67.9 ms AER" in md
+    assert "| 32 x 1 | default (default) |" in md and "published 188.5 ms All-Reduce and 67.9 ms AER" in md
     assert (
         "Target: All-Reduce's validation loss (same nodes and seed) at the last step both runs reached." in md
     )
@@ -166,4 +166,24 @@ def test_runs_at_several_rates_are_rows_of_their_own_against_all_reduce_at_its_b
     assert found["default", 1e-3]["steps_ratio"] == pytest.approx(1.0)  # 3.0 at step 400, as All-Reduce
     assert found["default", 2e-3]["steps_ratio"] is None  # never at 3.0
     md = (out / "time_to_quality_scale.md").read_text()
-    assert "| 32 | default (default) | 0.001 | 1.00 |" in md
+    assert "| 32 x 1 | default (default) | 0.001 | 1.00 |" in md
+
+
+def test_nodes_of_one_and_of_two_are_rows_of_their_own_against_their_own_all_reduce(size: float) -> None:
+    pairs = dict(ranks_per_node=2)
+    records = [
+        run("allreduce", 8, 1, [6.0, 5.0, 4.0, 3.0], None),  # 8 ranks
+        run("allreduce", 16, 1, [6.0, 5.0, 4.0, 2.0], None),  # 16 ranks: All-Reduce of 8 x 2
+        run("default", 8, 1, [6.0, 5.0, 4.0, 3.0], {"local_world_size": 1}),
+        {**run("default", 8, 1, [6.0, 5.0, 4.0, 3.0], {"local_world_size": 2}), **pairs},
+    ]
+    rows = {
+        (r["nodes"], r["ranks_per_node"], r["method"]): r
+        for r in scale.predict_scale(records, size=size)["rows"]
+    }
+    assert (8, 1, "default") in rows and (8, 2, "default") in rows
+    assert len(rows[(8, 1, "default")]["seeds"]) == len(rows[(8, 2, "default")]["seeds"]) == 1
+    assert rows[(8, 1, "default")]["steps_ratio"] == 1.0  # on 8 ranks' All-Reduce curve
+    assert rows[(8, 2, "default")]["steps_ratio"] is None  # 16 ranks' All-Reduce reaches 2.0: not reached
+    md = scale.markdown(scale.predict_scale(records, size=size), "grid")
+    assert "| 8 x 1 | default (default) |" in md and "| 8 x 2 | default (default) |" in md

@@ -212,6 +212,12 @@ def target_of(
     return step, at[0]
 
 
+def _row_order(record: dict[str, Any]) -> tuple[int, int, str, float, int]:
+    """Rows by layout (nodes, then ranks per node), method and rate; each row's seeds in order."""
+    r = record
+    return (r["nodes"], r["ranks_per_node"], r["method"], r.get("lr") or 0.0, r["seed"])
+
+
 def predict_scale(
     records: Sequence[dict[str, Any]],
     paper: PaperCluster = PAPER,
@@ -226,8 +232,8 @@ def predict_scale(
     compute_s, bandwidth = calibrate(paper, size)
     layout = [dict(r, ranks_per_node=r.get("ranks_per_node", 1)) for r in records]
     base = reference(layout)  # All-Reduce at its best rate, per ranks and seed
-    rows: dict[tuple[int, str, float | None], dict[str, Any]] = {}
-    for record in sorted(layout, key=lambda r: (r["nodes"], r["method"], r.get("lr") or 0.0, r["seed"])):
+    rows: dict[tuple[int, int, str, float | None], dict[str, Any]] = {}  # one per layout, method, rate
+    for record in sorted(layout, key=_row_order):
         ar = base.get((record["nodes"] * record["ranks_per_node"], record["seed"]))
         if record["method"] == PARITY_ALLREDUCE and record is not ar:
             continue  # All-Reduce at another rate than its best
@@ -241,9 +247,10 @@ def predict_scale(
         seconds = iteration_s(record, paper, size, compute_s, bandwidth)
         ar_seconds = iteration_s(ar, paper, size, compute_s, bandwidth)
         row = rows.setdefault(
-            (record["nodes"], record["method"], record.get("lr")),
+            (record["nodes"], record["ranks_per_node"], record["method"], record.get("lr")),
             {
                 "nodes": record["nodes"],
+                "ranks_per_node": record["ranks_per_node"],
                 "method": record["method"],
                 "lr": record.get("lr"),
                 "is_default": bool(record.get("is_default")),
@@ -307,8 +314,8 @@ def markdown(prediction: dict[str, Any], source: str) -> str:
         + " Steps ratio: the steps a method needs to reach it over All-Reduce's; not reached: not within "
         "the method's run.",
         "",
-        "| nodes | method | lr | steps ratio | predicted ms/step | time-per-step ratio | predicted time to "
-        "target s (seeds) | vs All-Reduce | inter-node MB/rank/step (grid) |",
+        "| nodes x ranks | method | lr | steps ratio | predicted ms/step | time-per-step ratio | predicted "
+        "time to target s (seeds) | vs All-Reduce | inter-node MB/rank/step (grid) |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in prediction["rows"]:
@@ -316,7 +323,8 @@ def markdown(prediction: dict[str, Any], source: str) -> str:
         megabytes = row["inter_node_bytes_per_step"]
         lr = "-" if row.get("lr") is None else format(row["lr"], "g")
         lines.append(
-            f"| {row['nodes']} | {row['method']}{' (default)' if row['is_default'] else ''} | {lr} "
+            f"| {row['nodes']} x {row.get('ranks_per_node', 1)} "
+            f"| {row['method']}{' (default)' if row['is_default'] else ''} | {lr} "
             f"| {cell(row['steps_ratio'], '.2f')} | {row['iteration_ms']:.1f} | {row['iteration_ratio']:.2f} "
             f"| {cell(row['time_to_target_s'], '.0f')} ({seeds}) | {cell(row['time_ratio'], '.2f')} "
             f"| {'-' if megabytes is None else f'{megabytes / 1e6:.1f}'} |"
