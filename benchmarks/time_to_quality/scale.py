@@ -214,8 +214,8 @@ def target_of(
 
 def _row_order(record: dict[str, Any]) -> tuple[int, int, str, float, int]:
     """Rows by layout (nodes, then ranks per node), method and rate; each row's seeds in order."""
-    r = record
-    return (r["nodes"], r["ranks_per_node"], r["method"], r.get("lr") or 0.0, r["seed"])
+    layout = (record["nodes"], record["ranks_per_node"])
+    return (*layout, record["method"], record.get("lr") or 0.0, record["seed"])
 
 
 def predict_scale(
