@@ -56,7 +56,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from decentadam import A2CiD2, Comm, DecentralizedAdam, Setting
+from decentadam import A2CiD2, AllRanks, Comm, DecentralizedAdam, Setting
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("allreduce", "sync-gossip", "async-gossip", "a2cid2")
@@ -138,7 +138,16 @@ def train(rank: int, world_size: int, method: str, seed: int, args: dict[str, An
         optimizer = torch.optim.SGD([weight], lr=LR, momentum=MOMENTUM)
     elif method == "sync-gossip":
         optimizer = DecentralizedAdam(
-            [weight], lr=LR, setting=Setting(topology="ring"), comm=Comm(local_update=sgd_momentum)
+            [weight],
+            lr=LR,
+            setting=Setting(
+                topology="ring",
+                exchange="parameters",
+                average_every=0,
+                intra_node="gossip",
+                second_moment=AllRanks(),
+            ),
+            comm=Comm(local_update=sgd_momentum),
         )
     else:
         local = torch.optim.SGD([weight], lr=LR, momentum=MOMENTUM)

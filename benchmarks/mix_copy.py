@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from decentadam import Comm, DecentralizedAdam, Setting
+from decentadam import AllRanks, Comm, DecentralizedAdam, Setting
 from decentadam.topology import Group
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -67,7 +67,13 @@ def time_steps(device: str, param_mb: float, steps: int) -> list[float]:
         p.grad = torch.zeros_like(p)
     optimizer = DecentralizedAdam(
         params,
-        setting=Setting(topology="complete"),
+        setting=Setting(
+            topology="complete",
+            exchange="parameters",
+            average_every=0,
+            intra_node="gossip",
+            second_moment=AllRanks(),
+        ),
         # the Adam arithmetic, off
         comm=Comm(communicator=ArrivedCommunicator(), bucket_size_mb=25.0, local_update=_no_update),
     )

@@ -7,7 +7,7 @@ is checked here, once, when the value is built::
     DecentralizedAdam(params, lr=1e-3)                             # SETTINGS["default"]
     DecentralizedAdam(params, lr=1e-3, setting="accumadam")        # the paper's AccumAdam, window 4
     DecentralizedAdam(params, lr=1e-3, accum_steps=8)              # the same with a window of 8
-    DecentralizedAdam(params, lr=1e-3, setting=Setting(topology="ring", second_moment=Local()))
+    DecentralizedAdam(params, lr=1e-3, setting=Setting(topology="aer", second_moment=Local()))
     DecentralizedAdam(params, lr=1e-3, setting="nodes-complete-bf16", comm=Comm(timeout=60))
 
 Configuration files hold the same options flat (``second_moment = "group_gradient"``, ``v_every =
@@ -154,21 +154,29 @@ class Setting:
     """The algorithm of a decentralized run: whom each rank averages with, what it sends, and which
     second moment its AccumAdamW step divides by. Checked when built; :data:`SETTINGS` names the
     ones the measurements keep.
+
+    The fields' defaults are the default setting (``DecentralizedAdam(params, lr)``): the ranks of a
+    node average their gradients, the nodes gossip on the one-peer exponential graph with bfloat16
+    updates, every 32nd step is an exact average over all ranks that also averages the ranks'
+    second-moment estimates, and every step overlaps its exchange. On 8-32 simulated nodes it was the
+    closest to All-Reduce of the settings that keep the overlap and send at most 0.6x the bytes of a
+    bfloat16 all-reduce (``docs/results/2026-11-29-overlapped-candidate.md``). A field given replaces
+    only itself: ``Setting(second_moment=Local())`` is the default with each rank's own second moment.
     """
 
-    topology: str | Topology = "aer"
+    topology: str | Topology = "one-peer-exp"
     """The graph schedule of the exchanges (:mod:`decentadam.topology`): a name, or a built Topology."""
-    exchange: Exchange = "parameters"
+    exchange: Exchange = "bf16_updates"
     """``"parameters"`` (each rank's float32 parameters) or ``"bf16_updates"`` (each rank's update
     from a reference point every member holds, in bfloat16: half the bytes;
     :mod:`decentadam.exchanges.parameters`)."""
-    average_every: int = 0
+    average_every: int = 32
     """Every that many steps the exchange is the exact average over all ranks (0: never)."""
-    intra_node: IntraNode = "gossip"
+    intra_node: IntraNode = "all_reduce"
     """``"gossip"`` (every rank a worker of the topology) or ``"all_reduce"`` (the ranks of a node
     average their gradients first, as DDP does, and only nodes gossip;
     :mod:`decentadam.exchanges.node_gradients`)."""
-    second_moment: SecondMoment = AllRanks()
+    second_moment: SecondMoment = Global()
     """:class:`Local`, :class:`AllRanks`, :class:`GroupGradient` or :class:`Global` (a name is taken
     as that kind with its defaults)."""
     sync_steps: int = 0
@@ -310,13 +318,21 @@ DEFAULT_SETTING = "default"
 SETTINGS: Mapping[str, Setting] = MappingProxyType(
     {
         DEFAULT_SETTING: Setting(),
-        # the paper's AccumAdam (Wang et al.): AER, each rank's own second moment, a window of 4
-        "accumadam": Setting(topology="aer", second_moment=Local(accum_steps=4)),
+        # the paper's AccumAdam (Wang et al.): AER, float32 parameters, every rank a worker of the
+        # graph, each rank's own second moment, a window of 4
+        "accumadam": Setting(
+            topology="aer",
+            exchange="parameters",
+            average_every=0,
+            intra_node="gossip",
+            second_moment=Local(accum_steps=4),
+        ),
         # nodes of several ranks: gradients all-reduced in the node, the nodes on the complete graph
         # with bfloat16 updates, their second moment shared every other step, a 300-step warm-up
         "nodes-complete-bf16": Setting(
             topology="complete",
             exchange="bf16_updates",
+            average_every=0,
             intra_node="all_reduce",
             second_moment=GroupGradient(share_second_moment_every=2),
             sync_steps=300,

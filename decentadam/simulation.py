@@ -9,7 +9,7 @@ one process run the same update code as n processes would, with no process group
     cluster = SimulatedCluster(4)
     models = [build_model() for _ in range(4)]
     optimizers = [
-        DecentralizedAdam(m.parameters(), setting=Setting(topology="aer"),
+        DecentralizedAdam(m.parameters(),               # the default setting; 2 nodes of 2 ranks
                           comm=Comm(local_world_size=2, communicator=cluster.communicator(rank)))
         for rank, m in enumerate(models)                 # rank 0 first: it broadcasts its weights
     ]

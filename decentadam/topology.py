@@ -162,7 +162,11 @@ def _ring(world_size: int, local_world_size: int) -> list[Round]:
 def _one_peer_exp(world_size: int, local_world_size: int) -> list[Round]:
     r = _log2_exact(world_size)
     if r is None:
-        raise ValueError(f"one-peer-exp needs world_size to be a power of two, got {world_size}")
+        raise ValueError(
+            f"one-peer-exp needs world_size to be a power of two (the number of nodes where a node's ranks "
+            f"all-reduce their gradients, the default), got {world_size}: use topology='complete' (every "
+            "step an exact average, still overlapped) or a power-of-two number of nodes"
+        )
     return [tuple((j, j + 2**k) for j in range(world_size) if not j & 2**k) for k in range(r)]
 
 

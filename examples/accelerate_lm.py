@@ -3,13 +3,13 @@
 CPU-only machine, 4 processes (gloo)::
 
     ACCELERATE_USE_CPU=true OMP_NUM_THREADS=1 accelerate launch --multi_gpu --num_processes 4 \\
-        examples/accelerate_lm.py --text DATA/multi30k/train.en.gz
+        examples/accelerate_lm.py --text DATA/multi30k/train.en.gz --ranks-per-node 2
 
 GPUs (NCCL), 2 nodes x 4 GPUs, bf16 (run on each node with its --machine_rank)::
 
     accelerate launch --multi_gpu --num_machines 2 --num_processes 8 --machine_rank 0 \\
         --main_process_ip HOST --main_process_port 29500 --mixed_precision bf16 \\
-        examples/accelerate_lm.py --text train.en.gz --topology aer
+        examples/accelerate_lm.py --text train.en.gz
 
 Without ``--text`` the script trains on a small built-in corpus. The loop is the usual Accelerate
 loop; the decentralized parts are marked ``# decentadam``: the optimizer, ``prepare`` (no DDP
@@ -40,7 +40,7 @@ from accelerate.utils import set_seed
 from char_data import CharDataset, load_text, split, tiny_gpt2, vocabulary_of
 from torch.utils.data import DataLoader
 
-from decentadam import SETTINGS, DecentralizedAdam, checkpoint_files, make_setting
+from decentadam import SETTINGS, Comm, DecentralizedAdam, checkpoint_files, make_setting
 from decentadam.checkpoint import load_checkpoint, save_checkpoint
 from decentadam.consensus import averaged
 from decentadam.distributed import init_restartable_process_group
@@ -66,6 +66,12 @@ def parse_args() -> argparse.Namespace:
         help=f"DecentralizedAdam's setting: {', '.join(SETTINGS)} (docs/choosing.md)",
     )
     parser.add_argument("--topology", help="complete, ring, one-peer-exp or aer (default: the setting's)")
+    parser.add_argument(
+        "--ranks-per-node",
+        type=int,
+        help="ranks per node (default: the launcher's LOCAL_WORLD_SIZE); on one machine 2 emulates nodes of "
+        "2 ranks, whose nodes then gossip (with every process on one node the default setting is DDP)",
+    )
     parser.add_argument("--log-every", type=int, default=50, help="steps between logs and evaluations")
     parser.add_argument("--output-dir", help="write a checkpoint here at the end")
     parser.add_argument(
@@ -127,6 +133,7 @@ def main() -> None:
     optimizer = DecentralizedAdam(  # decentadam
         model.parameters(), lr=args.lr, betas=(0.9, 0.999), weight_decay=0.01,
         setting=make_setting(args.setting, topology=args.topology),
+        comm=Comm(local_world_size=args.ranks_per_node),
     )  # fmt: skip
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda t: min((t + 1) / args.warmup, math.sqrt(args.warmup / (t + 1)))

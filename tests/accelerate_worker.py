@@ -18,10 +18,11 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, TensorDataset
 
-from decentadam import A2CiD2, Comm, DecentralizedAdam, Setting
+from decentadam import A2CiD2, Comm, DecentralizedAdam
 from decentadam import checkpoint_files as files
 from decentadam.checkpoint import load_checkpoint, save_checkpoint
 from decentadam.integrations.accelerate import log_metrics_every, prepare
+from tests.settings import plain
 
 ACCUM = 2
 MAX_NORM = 0.05
@@ -75,7 +76,7 @@ def loop(out: dict[str, Any]) -> None:
         model.parameters(),
         lr=1e-2,
         accum_steps=2,
-        setting=Setting(topology="aer", second_moment="local"),
+        setting=plain("aer", second_moment="local"),
         comm=Comm(local_world_size=2),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0 / (1 + t))
@@ -137,7 +138,7 @@ def fp16_skip(out: dict[str, Any]) -> None:
     # Accelerate only builds a scaler for fp16 on accelerators; install the one it would build.
     accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     model = make_model()
-    optimizer = DecentralizedAdam(model.parameters(), lr=1e-2, setting=Setting(topology="ring"))
+    optimizer = DecentralizedAdam(model.parameters(), lr=1e-2, setting=plain("ring"))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0 / (1 + t))
     loader = make_loader(samples=4 * 4 * 5)
     model, optimizer, loader, scheduler = prepare(accelerator, model, optimizer, loader, scheduler)
@@ -172,7 +173,7 @@ def fp16_resume(out: dict[str, Any], directory: Path) -> None:
         # Accelerate only builds a scaler for fp16 on accelerators; install the default GPU one.
         accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
         model = make_model()
-        optimizer = DecentralizedAdam(model.parameters(), lr=1e-2, setting=Setting(topology="ring"))
+        optimizer = DecentralizedAdam(model.parameters(), lr=1e-2, setting=plain("ring"))
         loader = make_loader(samples=4 * 4 * 5)
         model, optimizer, loader = prepare(accelerator, model, optimizer, loader)
         if load:
@@ -221,7 +222,7 @@ def backward_refusals(out: dict[str, Any]) -> None:
     accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     model = make_model()
     optimizer = DecentralizedAdam(
-        model.parameters(), lr=1e-2, setting=Setting(topology="ring"), comm=Comm(overlap="backward")
+        model.parameters(), lr=1e-2, setting=plain("ring"), comm=Comm(overlap="backward")
     )
     try:
         prepare(accelerator, model, optimizer)
@@ -237,7 +238,7 @@ def bf16(out: dict[str, Any]) -> None:
     model = make_model()
     seen: list[torch.dtype] = []
     model[0].register_forward_hook(lambda module, args, output: seen.append(output.dtype))
-    optimizer = DecentralizedAdam(model.parameters(), lr=1e-2, setting=Setting(topology="one-peer-exp"))
+    optimizer = DecentralizedAdam(model.parameters(), lr=1e-2, setting=plain("one-peer-exp"))
     loader = make_loader(samples=4 * 4 * 3)
     model, optimizer, loader = prepare(accelerator, model, optimizer, loader)
     losses = []

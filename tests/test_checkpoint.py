@@ -15,10 +15,11 @@ import pytest
 import torch
 from torch import nn
 
-from decentadam import Comm, DecentralizedAdam, Setting, make_setting
+from decentadam import Comm, DecentralizedAdam, make_setting
 from decentadam.checkpoint import load_checkpoint, save_checkpoint
 from decentadam.consensus import averaged, metrics, register_metrics_hook
 from tests.distributed_harness import run_distributed
+from tests.settings import plain
 
 SAVE_AT = 4
 TOTAL = 8
@@ -37,7 +38,7 @@ def make_training(
         model.parameters(),
         lr=1e-2,
         weight_decay=0.01,  # the default second moment: its noise estimate must resume exactly too
-        setting=make_setting(topology="aer", **(second_moment or {})),
+        setting=make_setting(plain("aer"), **(second_moment or {})),
         comm=Comm(local_world_size=2),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / 3))
@@ -218,7 +219,7 @@ def changed_topology_worker(rank: int, world_size: int, directory: str) -> dict[
     for topology, lws in [("ring", 2), ("aer", 1)]:
         model = make_model(seed=50 + rank)
         optimizer = DecentralizedAdam(
-            model.parameters(), setting=Setting(topology=topology), comm=Comm(local_world_size=lws)
+            model.parameters(), setting=plain(topology), comm=Comm(local_world_size=lws)
         )
         try:
             load_checkpoint(directory, model, optimizer)
@@ -281,7 +282,7 @@ def test_save_refuses_to_replace_what_is_not_a_checkpoint(tmp_path: Path) -> Non
 
 def refused_worker(rank: int, world_size: int, directory: str) -> str:
     model = make_model(0)
-    optimizer = DecentralizedAdam(model.parameters(), setting=Setting(topology="ring"))
+    optimizer = DecentralizedAdam(model.parameters(), setting=plain("ring"))
     try:
         save_checkpoint(directory, model, optimizer)
     except FileExistsError as error:
@@ -300,7 +301,7 @@ def test_every_rank_refuses_to_replace_what_is_not_a_checkpoint(tmp_path: Path) 
 def unshared_worker(rank: int, world_size: int, shared: str, elsewhere: str) -> dict[str, Any]:
     os.chdir(shared if rank == 0 else elsewhere)  # "ck" resolves to another directory on rank 1
     model = make_model(0)
-    optimizer = DecentralizedAdam(model.parameters(), setting=Setting(topology="ring"))
+    optimizer = DecentralizedAdam(model.parameters(), setting=plain("ring"))
     try:
         save_checkpoint("ck", model, optimizer)
     except Exception as error:
@@ -425,7 +426,7 @@ def test_a_run_killed_while_saving_leaves_the_previous_checkpoint(tmp_path: Path
 
 def averaged_worker(rank: int, world_size: int) -> dict[str, Any]:
     model = make_model(seed=0)
-    optimizer = DecentralizedAdam(model.parameters(), lr=0.1, setting=Setting(topology="ring"))
+    optimizer = DecentralizedAdam(model.parameters(), lr=0.1, setting=plain("ring"))
     with torch.no_grad():  # make ranks differ in parameters and BatchNorm statistics
         for p in model.parameters():
             p.add_(rank)

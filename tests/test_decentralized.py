@@ -152,9 +152,9 @@ def second_moment_args(second_moment: str) -> dict[str, Any]:
     return {
         "second_moment": Global(floored=False) if name == "global_raw" else name,
         **({"v_every": every} if every else {}),
-        **({"intra_node": "all_reduce"} if node else {}),
+        "intra_node": "all_reduce" if node else "gossip",
         **({"share_second_moment_every": share} if share is not None else {}),
-        **({"exchange": "bf16_updates"} if bf16 else {}),
+        "exchange": "bf16_updates" if bf16 else "parameters",
     }
 
 
@@ -186,7 +186,7 @@ def make_optimizer(
     base, average_every = parse_topology(name)
     setting = make_setting(
         **second_moment_args(second_moment),
-        **({"average_every": average_every} if average_every else {}),
+        average_every=average_every,
         topology=base,
         sync_steps=sync_of(overlap),
     )
@@ -263,6 +263,7 @@ def simulate(
     accum_steps: int,
     second_moment: str = "local",
     sync_steps: int = 0,
+    steps: int = STEPS,
 ) -> torch.Tensor:
     """n workers in one process: mix with W(t), then the AccumAdamW formula written out plainly
     (with ``second_moment="all_ranks"``: s = 1 and the noise-corrected second moment, n = world_size;
@@ -271,7 +272,8 @@ def simulate(
     float32 by a larger group; with ``"+shareK"`` every K-th step each rank's ``A`` in bfloat16,
     summed over the nodes' group in float32 and rounded once, whose mean replaces ``A`` at the next
     step before its ``z``, and the floor ``V / N**2``). The parameters sent after each of the first
-    ``sync_steps`` steps are mixed before the next gradient instead of after it."""
+    ``sync_steps`` steps are mixed before the next gradient instead of after it. ``steps``: how
+    many steps."""
     # node: intra_node="all_reduce", nodes of L ranks act as one; bf16: exchange="bf16_updates",
     # x += S/m - q, r += S/m; share_every: share_second_moment_every
     kind, v_every, node, _, bf16 = parse_second_moment(second_moment)
@@ -319,7 +321,7 @@ def simulate(
                     refs[rank] = refs[rank] + mean
         return mixed
 
-    for step in range(STEPS):
+    for step in range(steps):
         early = 1 <= step <= sync_steps  # step `step` (1-based) mixed before returning: x for this gradient
         if early:
             for rank, row in enumerate(mix(step)):
@@ -428,8 +430,8 @@ def simulate(
                         v = corrected if kind == "global_raw" else torch.maximum(corrected, v / noise_ranks)
                     own.append(v.to(torch.bfloat16))
                 estimates.append(own)
-    if 1 <= STEPS <= sync_steps:  # the last step mixes before returning too
-        for rank, row in enumerate(mix(STEPS)):
+    if 1 <= steps <= sync_steps:  # the last step mixes before returning too
+        for rank, row in enumerate(mix(steps)):
             torch.nn.utils.vector_to_parameters(row, models[rank].parameters())
     return torch.stack([flat(m) for m in models])
 
@@ -678,6 +680,59 @@ def test_exact_averages_equal_the_simulation_in_one_process(
         assert optimizer.stats.bytes_sent == want, rank
 
 
+DEFAULT_AS_CONFIG = ("one-peer-exp+avg32", "node+global+bf16")
+"""``DecentralizedAdam(params, lr)`` in this file's config names (Setting's field defaults)."""
+
+
+def test_the_default_setting_is_written_out_in_the_config_names() -> None:
+    name, second_moment = DEFAULT_AS_CONFIG
+    base, every = parse_topology(name)
+    assert make_setting(**second_moment_args(second_moment), topology=base, average_every=every) == Setting()
+    assert Setting() == make_setting() == DecentralizedAdam(make_model(seed=0).parameters()).setting
+
+
+@pytest.mark.parametrize("local_world_size", [1, 2])
+def test_the_default_equals_the_simulation_of_n_workers_in_one_process(local_world_size: int) -> None:
+    """``DecentralizedAdam(params, lr)`` with nothing else on 4 simulated ranks, as 4 nodes of one
+    and as 2 nodes of 2, for 40 steps (the exact average at step 32 included) == ``simulate`` of the
+    same options, up to float64 summation order."""
+    world_size, steps = 4, 40
+
+    def train(setting: Setting | None) -> tuple[torch.Tensor, list[DecentralizedAdam]]:
+        cluster = SimulatedCluster(world_size)
+        models = [make_model(seed=100) for _ in range(world_size)]
+        optimizers = [
+            DecentralizedAdam(
+                param_groups(model), lr=LR, betas=BETAS, eps=EPS, setting=setting,
+                comm=Comm(local_world_size, bucket_size_mb=1e-4, communicator=cluster.communicator(rank)),
+            )
+            for rank, model in enumerate(models)
+        ]  # fmt: skip
+        for step in range(steps):
+            for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+                optimizer.zero_grad()
+                loss_of(model, rank, step).backward()
+            for optimizer in optimizers:
+                optimizer.start_gradient_sums()
+            for optimizer in optimizers:
+                optimizer.step()
+        return torch.stack([flat(model) for model in models]), optimizers
+
+    got, optimizers = train(None)
+    if local_world_size == 1:  # on nodes of one rank the node's all-reduce is no exchange: gossip's run
+        gossip, others = train(dataclasses.replace(Setting(), intra_node="gossip"))
+        assert torch.equal(got, gossip)
+        assert [o.stats.bytes_sent for o in others] == [o.stats.bytes_sent for o in optimizers]
+    name, second_moment = DEFAULT_AS_CONFIG
+    expected = simulate(name, world_size, local_world_size, 1, second_moment, steps=steps)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-13)
+    without = simulate("one-peer-exp", world_size, local_world_size, 1, second_moment, steps=steps)
+    if local_world_size == 1:  # on 4 nodes the exact average at step 32 changes the run (2 nodes: a pair)
+        assert not torch.allclose(got, without, rtol=0, atol=1e-6)
+    for optimizer in optimizers:
+        optimizer.close()
+
+
 @pytest.mark.parametrize(
     ("name", "second_moment"),
     [("complete", "node+group_gradient+share2+bf16"), ("aer", "node+group_gradient+share1")],
@@ -770,7 +825,7 @@ def failing_peer_worker(rank: int, world_size: int, failure: str, topology: str)
     model = make_model(0)
     optimizer = DecentralizedAdam(
         model.parameters(),
-        setting=Setting(topology=topology),
+        setting=Setting(topology=topology, intra_node="gossip"),  # every rank a worker, as on one node
         comm=Comm(local_world_size=2, timeout=3.0, bucket_size_mb=1e-4),
     )
     for step in range(1000):
@@ -818,7 +873,9 @@ def exit_worker(rank: int, world_size: int, topology: str) -> dict[str, Any]:
     before = gloo_workers()
     model = make_model(0)
     optimizer = DecentralizedAdam(
-        model.parameters(), setting=Setting(topology=topology), comm=Comm(local_world_size=2)
+        model.parameters(),
+        setting=Setting(topology=topology, intra_node="gossip"),
+        comm=Comm(local_world_size=2),
     )
     deadline = time.monotonic() + 30.0  # a new thread, too, is listed a moment after it started
     while (during := gloo_workers()) <= before and time.monotonic() < deadline:
@@ -1038,7 +1095,7 @@ def test_backward_overlap_rejects_two_backwards_per_step() -> None:
         ({"topology": "star"}, "unknown topology"),
         ({"second_moment": "nodes"}, "second_moment must be one of 'all_ranks', 'local', 'group_gradient', "),
         ({"second_moment": "group_gradient", "v_every": 0}, r"v_every must be an integer >= 1 .* got 0"),
-        ({"v_every": 2}, r"v_every=2 .* but second_moment='all_ranks': pass second_moment='group_gradient'"),
+        ({"v_every": 2}, r"v_every=2 .* but second_moment='global': pass second_moment='group_gradient'"),
         ({"second_moment": "local", "v_every": 1}, r"but second_moment='local'"),
         (
             {"second_moment": "group_gradient", "accum_steps": 2},
@@ -1055,7 +1112,7 @@ def test_backward_overlap_rejects_two_backwards_per_step() -> None:
             r"share_second_moment_every must be an integer >= 0 .* got -1: use 2",
         ),
         (
-            {"second_moment": "group_gradient", "share_second_moment_every": 2},
+            {"intra_node": "gossip", "second_moment": "group_gradient", "share_second_moment_every": 2},
             r"share_second_moment_every=2 shares the nodes' .* intra_node='gossip': pass intra_node=",
         ),
         (
@@ -1064,7 +1121,7 @@ def test_backward_overlap_rejects_two_backwards_per_step() -> None:
         ),
         (
             {"intra_node": "all_reduce", "share_second_moment_every": 2},
-            r"but second_moment='all_ranks': pass intra_node='all_reduce', second_moment='group_gradient' "
+            r"but second_moment='global': pass intra_node='all_reduce', second_moment='group_gradient' "
             r".* or leave it out",
         ),
         ({"average_every": -2}, r"average_every must be an integer >= 0 .* got -2"),
@@ -1081,7 +1138,7 @@ def test_the_global_second_moment_needs_exact_averages() -> None:
     with pytest.raises(ValueError, match=match):
         DecentralizedAdam(
             nn.Linear(2, 2).parameters(),
-            setting=Setting(second_moment="global"),
+            setting=Setting(topology="aer", exchange="parameters", average_every=0, second_moment="global"),
             comm=Comm(communicator=communicator),
         )
 
@@ -1092,7 +1149,7 @@ def test_the_global_second_moment_needs_exact_averages() -> None:
         ({"intra_node": "all_reduce", "second_moment": "group_gradient"}, 0),  # off by default
         ({"intra_node": "all_reduce", "second_moment": "group_gradient", "share_second_moment_every": 2}, 2),
         ({"intra_node": "all_reduce", "second_moment": "all_ranks"}, 0),  # no A to share
-        ({"second_moment": "group_gradient", "share_second_moment_every": 0}, 0),
+        ({"intra_node": "gossip", "second_moment": "group_gradient", "share_second_moment_every": 0}, 0),
     ],
 )
 def test_the_nodes_keep_their_own_second_moment_by_default(kwargs: dict[str, Any], every: int) -> None:
@@ -1131,9 +1188,12 @@ def test_bad_node_arguments_name_the_problem(kwargs: dict[str, Any], match: str)
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"topology": "one-peer-exp"}, r"topology 'one-peer-exp' gives rank 0 2 different groups"),
         (
-            {"topology": "ring"},
+            {"topology": "one-peer-exp", "intra_node": "gossip"},
+            r"topology 'one-peer-exp' gives rank 0 2 different groups",
+        ),
+        (
+            {"topology": "ring", "intra_node": "gossip"},
             r"topology 'ring' gives rank 0 2 different groups .* never averages all ranks, where that point "
             r"would be renewed: pass average_every=k",
         ),
@@ -1146,7 +1206,13 @@ def test_bad_node_arguments_name_the_problem(kwargs: dict[str, Any], match: str)
 def test_bf16_updates_need_one_fixed_group_per_rank(kwargs: dict[str, Any], match: str) -> None:
     communicator = SimulatedCluster(4).communicator(0)
     with pytest.raises(ValueError, match=match):
-        built(nn.Linear(2, 2).parameters(), exchange="bf16_updates", communicator=communicator, **kwargs)
+        built(
+            nn.Linear(2, 2).parameters(),
+            exchange="bf16_updates",
+            average_every=0,
+            communicator=communicator,
+            **kwargs,
+        )
 
 
 def test_one_rank_with_node_averaged_gradients_is_adamw() -> None:
@@ -1172,15 +1238,63 @@ def test_one_rank_with_node_averaged_gradients_is_adamw() -> None:
     torch.testing.assert_close(flat(model), flat(reference), rtol=0, atol=1e-14)
 
 
+def test_the_default_in_one_process_is_adamw_past_its_exact_averages() -> None:
+    """n = 1: ``DecentralizedAdam(params, lr)`` with nothing else is AdamW, steps 32 and 64 (the
+    default's exact averages and shared second moment) included."""
+    model, reference = make_model(0), make_model(0)
+    ours = DecentralizedAdam(param_groups(model), lr=LR, betas=BETAS, eps=EPS)
+    theirs = torch.optim.AdamW(param_groups(reference), lr=LR, betas=BETAS, eps=EPS)
+    for step in range(70):
+        for m, opt in ((model, ours), (reference, theirs)):
+            opt.zero_grad()
+            loss_of(m, 0, step).backward()
+            opt.step()
+    torch.testing.assert_close(flat(model), flat(reference), rtol=0, atol=1e-13)
+
+
+def test_the_default_on_one_node_is_adamw_on_the_node_s_mean_gradient() -> None:
+    """4 simulated ranks on one node (``local_world_size=4``) with the default: every rank steps
+    with the node's mean gradient and stays AdamW on it (DDP's run), past the exact average at 32."""
+    world_size, steps = 4, 40
+    cluster = SimulatedCluster(world_size)
+    models = [make_model(seed=100) for _ in range(world_size)]
+    optimizers = [
+        DecentralizedAdam(
+            param_groups(model), lr=LR, betas=BETAS, eps=EPS,
+            comm=Comm(world_size, communicator=cluster.communicator(rank)),
+        )
+        for rank, model in enumerate(models)
+    ]  # fmt: skip
+    reference = make_model(seed=100)
+    adamw = torch.optim.AdamW(param_groups(reference), lr=LR, betas=BETAS, eps=EPS)
+    for step in range(steps):
+        for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+            optimizer.zero_grad()
+            loss_of(model, rank, step).backward()
+        for optimizer in optimizers:
+            optimizer.start_gradient_sums()
+        for optimizer in optimizers:
+            optimizer.step()
+        adamw.zero_grad()
+        (sum(loss_of(reference, rank, step) for rank in range(world_size)) / world_size).backward()
+        adamw.step()
+    for model in models:
+        torch.testing.assert_close(flat(model), flat(reference), rtol=0, atol=1e-12)
+    for optimizer in optimizers:
+        optimizer.close()
+
+
 def test_loading_state_saved_with_another_second_moment_warns(caplog: pytest.LogCaptureFixture) -> None:
     model = nn.Linear(2, 2)
     saved = DecentralizedAdam(
-        model.parameters(), setting=make_setting(second_moment="group_gradient", v_every=2)
+        model.parameters(),
+        setting=make_setting(intra_node="gossip", second_moment="group_gradient", v_every=2),
     )
     model(torch.ones(1, 2)).sum().backward()
     saved.step()
     loading = DecentralizedAdam(
-        model.parameters(), setting=make_setting(second_moment="group_gradient", v_every=1)
+        model.parameters(),
+        setting=make_setting(intra_node="gossip", second_moment="group_gradient", v_every=1),
     )
     with caplog.at_level(logging.WARNING, logger="decentadam.optimizer_state"):
         loading.load_state_dict(saved.state_dict())
@@ -1260,7 +1374,9 @@ def test_group_gradient_state_round_trips_with_the_sum_in_flight_folded_in() -> 
             DecentralizedAdam(
                 m.parameters(),
                 lr=LR,
-                setting=make_setting(topology="complete", second_moment="group_gradient", v_every=1),
+                setting=make_setting(
+                    topology="complete", intra_node="gossip", second_moment="group_gradient", v_every=1
+                ),
                 comm=Comm(communicator=cluster.communicator(rank)),
             )
             for rank, m in enumerate(models)

@@ -23,7 +23,7 @@ def accelerate_launch(*args: str) -> str:
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "4",
         "--num_machines", "1", "--dynamo_backend", "no", "--mixed_precision", "no",
-        str(ROOT / "examples" / "accelerate_lm.py"), *args,
+        str(ROOT / "examples" / "accelerate_lm.py"), "--ranks-per-node", "2", *args,
     ]  # fmt: skip
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
     process = subprocess.run(command, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
@@ -45,7 +45,8 @@ def test_accelerate_example_trains_saves_and_resumes(tmp_path: Path) -> None:
         "--steps", "6", "--log-every", "3", "--block", "32", "--output-dir", str(checkpoint),
         "--save-every", "3",
     )  # fmt: skip
-    assert "4 processes, topology aer" in first
+    assert "4 processes, topology one-peer-exp+avg32" in first  # the default, its 2 nodes of 2 gossiping
+    assert float(last_log(first)[2]) > 0, first
     lines = [line for line in first.splitlines() if line.startswith("step")]
     assert [line.split()[1] for line in lines] == ["3", "6"]
     assert (checkpoint / "model.safetensors").is_file()

@@ -4,6 +4,7 @@ section and the Trainer's arguments."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,13 @@ def test_each_setting_is_one_line_to_select() -> None:
     for name, setting in SETTINGS.items():
         assert DecentralizedAdam(params(), lr=1e-3, setting=name).setting == setting
         assert make_setting(**setting.flat()) == setting  # what a configuration file writes reads back
-    assert SETTINGS["accumadam"] == Setting(topology="aer", second_moment=Local(accum_steps=4))
+    assert SETTINGS["accumadam"] == Setting(
+        topology="aer",
+        exchange="parameters",
+        average_every=0,
+        intra_node="gossip",
+        second_moment=Local(accum_steps=4),
+    )
     chosen = SETTINGS["nodes-complete-bf16"]
     assert (chosen.topology, chosen.exchange, chosen.intra_node) == ("complete", "bf16_updates", "all_reduce")
     assert (chosen.second_moment, chosen.sync_steps) == (GroupGradient(share_second_moment_every=2), 300)
@@ -47,7 +54,12 @@ def test_the_paper_s_accumadam_is_its_window_alone() -> None:
     """``DecentralizedAdam(params, lr, accum_steps=s)``, as the paper writes AccumAdam, is the preset
     "accumadam" with that window; with another setting named, a window is refused naming the preset."""
     paper = DecentralizedAdam(params(), lr=1e-3, accum_steps=8)
-    assert paper.setting == Setting(topology="aer", second_moment=Local(accum_steps=8))
+    assert paper.setting == dataclasses.replace(SETTINGS["accumadam"], second_moment=Local(accum_steps=8))
+    assert (paper.setting.topology, paper.setting.exchange, paper.setting.intra_node) == (
+        "aer",
+        "parameters",
+        "gossip",
+    )
     assert paper.param_groups[0]["accum_steps"] == 8
     assert DecentralizedAdam(params(), accum_steps=4).setting == SETTINGS["accumadam"]
     assert DecentralizedAdam(params(), accum_steps=1).setting == SETTINGS[DEFAULT_SETTING]  # no window
@@ -65,7 +77,7 @@ def test_names_and_kinds_of_second_moments() -> None:
         Global,
     ]
     nodes = Setting(intra_node="all_reduce", second_moment="group_gradient")
-    gossip = Setting(second_moment="group_gradient")
+    gossip = Setting(intra_node="gossip", second_moment="group_gradient")
     assert (nodes.v_every, gossip.v_every, Setting().v_every) == (1, 2, None)
     with pytest.raises(ValueError, match="second_moment must be one of"):
         Setting(second_moment=3)  # type: ignore[arg-type]
@@ -87,14 +99,14 @@ REFUSED: list[tuple[dict[str, Any], Callable[[], DecentralizedAdam] | None]] = [
     # (the options as a configuration file holds them, the same written with the typed API, if it can be)
     (
         {"accum_steps": 4, "second_moment": "all_ranks"},
-        lambda: DecentralizedAdam(params(), setting=Setting(), accum_steps=4),
+        lambda: DecentralizedAdam(params(), setting=Setting(second_moment=AllRanks()), accum_steps=4),
     ),
     (
         {"setting": "default", "accum_steps": 4},
         lambda: DecentralizedAdam(params(), setting="default", accum_steps=4),
     ),
     ({"setting": "fast"}, lambda: DecentralizedAdam(params(), setting="fast")),
-    ({"v_every": 2}, None),  # AllRanks has no v_every
+    ({"v_every": 2}, None),  # Global has no v_every
     ({"second_moment": "local", "v_every": 1}, None),
     (
         {"second_moment": "group_gradient", "v_every": 0},
@@ -107,12 +119,13 @@ REFUSED: list[tuple[dict[str, Any], Callable[[], DecentralizedAdam] | None]] = [
         ),
     ),
     (
-        {"second_moment": "group_gradient", "share_second_moment_every": 2},
+        {"intra_node": "gossip", "second_moment": "group_gradient", "share_second_moment_every": 2},
         lambda: DecentralizedAdam(
-            params(), setting=Setting(second_moment=GroupGradient(share_second_moment_every=2))
+            params(),
+            setting=Setting(intra_node="gossip", second_moment=GroupGradient(share_second_moment_every=2)),
         ),
     ),
-    ({"intra_node": "all_reduce", "share_second_moment_every": 2}, None),  # AllRanks shares nothing
+    ({"intra_node": "all_reduce", "share_second_moment_every": 2}, None),  # Global shares nothing
     ({"exchange": "fp8"}, lambda: DecentralizedAdam(params(), setting=Setting(exchange="fp8"))),  # type: ignore[arg-type]
     ({"intra_node": "node"}, lambda: DecentralizedAdam(params(), setting=Setting(intra_node="node"))),  # type: ignore[arg-type]
     ({"topology": "star"}, lambda: DecentralizedAdam(params(), setting=Setting(topology="star"))),
@@ -146,8 +159,10 @@ def test_a_refused_combination_gets_the_same_error_everywhere(
 @pytest.mark.parametrize(
     "flat",
     [
-        {"exchange": "bf16_updates", "topology": "ring"},  # changing pairs, no exact average to renew r at
-        {"second_moment": "global", "topology": "one-peer-exp"},  # no exact average to share v at
+        # changing pairs, no exact average to renew r at
+        {"exchange": "bf16_updates", "topology": "ring", "average_every": 0},
+        # no exact average to share v at
+        {"second_moment": "global", "topology": "one-peer-exp", "average_every": 0},
     ],
 )
 def test_what_the_job_s_size_rules_out_is_refused_alike_by_the_optimizer_and_a_recipe(
@@ -162,7 +177,7 @@ def test_what_the_job_s_size_rules_out_is_refused_alike_by_the_optimizer_and_a_r
     with pytest.raises(ConfigError) as error:
         optim.build_optimizer(nn.Linear(2, 2), optim.OptimConfig(**flat), communicator=communicator())
     assert str(error.value) == str(library.value)
-    fixed = make_setting(**flat, average_every=4)  # the fix the message names
+    fixed = make_setting(**{**flat, "average_every": 4})  # the fix the message names
     DecentralizedAdam(params(), setting=fixed, comm=Comm(communicator=communicator())).close()
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from decentadam import Comm, DecentralizedAdam, Setting
+from decentadam import Comm, DecentralizedAdam
 from decentadam.topology import Group
+from tests.settings import plain
 
 
 class ControlledExchange:
@@ -70,7 +71,7 @@ def test_exchange_of_step_t_travels_during_next_forward_backward() -> None:
     model, comm = make_model(), ControlledCommunicator()
     optimizer = DecentralizedAdam(
         model.parameters(),
-        setting=Setting(topology="complete"),
+        setting=plain("complete"),
         comm=Comm(bucket_size_mb=1e-3, communicator=comm),
     )
 
@@ -97,7 +98,7 @@ def test_backward_mode_starts_exchanges_during_backward() -> None:
     model, comm = make_model(), ControlledCommunicator()
     optimizer = DecentralizedAdam(
         model.parameters(),
-        setting=Setting(topology="complete"),
+        setting=plain("complete"),
         comm=Comm(bucket_size_mb=1e-3, communicator=comm, overlap="backward"),
     )
     for step in range(2):  # the first iteration calibrates; the second runs from the hooks

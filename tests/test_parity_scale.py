@@ -3,6 +3,7 @@ group, a run's record against the DDP-bf16 budget, and the table of runs against
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 
 pytest.importorskip("tokenizers", reason="the translation recipe needs pip install '.[recipes]'")
 
-from benchmarks.parity import scale
+from benchmarks.parity import scale, scale_table
 from recipes.translation import synthetic
 
 TINY = [
@@ -114,3 +115,41 @@ def test_the_table_compares_every_rate_with_all_reduce_at_its_best_rate(tmp_path
     assert "| 16 x 1 | default | 0.001 | +0.600 (1) |  |" in text  # 3.6 - 3.0
     assert "| 16 x 1 | default | 0.002 | +1.000 (1) |  |" in text
     assert "| 16 x 1 | exp |" not in text  # no step 400: no summary row
+
+
+@pytest.mark.parametrize(("nodes", "per_node"), [(16, 1), (8, 2)])
+def test_a_method_s_name_keeps_its_options_whatever_the_default_and_the_candidate_is_the_default(
+    nodes: int, per_node: int
+) -> None:
+    """Every method but ``default`` starts from the grid's base (the default when the grid began),
+    so committed runs keep their meaning; ``exp-avg32-global``, the candidate the grid chose, is
+    ``DecentralizedAdam()``'s default on both layouts, so its runs are the default's."""
+    from benchmarks.parity.workers import setting_options
+    from decentadam import Setting, make_setting
+
+    def setting(name: str) -> Setting:
+        return make_setting(**setting_options(scale.method_options(name, nodes, per_node)))
+
+    inside = "all_reduce" if per_node > 1 else "gossip"
+    # on nodes of one rank a node's all-reduce is no exchange at all: the same run
+    # (test_decentralized: test_the_default_equals_the_simulation_of_n_workers_in_one_process)
+    assert (
+        setting("default")
+        == Setting()
+        == dataclasses.replace(setting("exp-avg32-global"), intra_node="all_reduce")
+    )
+    assert setting("exp-avg32-global").intra_node == inside
+    assert scale_table.SAME_AS_DEFAULT == ("exp-avg32-global",)  # the table counts its runs as the default's
+    assert setting("exp") == Setting(
+        topology="one-peer-exp",
+        exchange="parameters",
+        average_every=0,
+        intra_node=inside,
+        second_moment="all_ranks",
+    )
+    previous = Setting(
+        topology="aer", exchange="parameters", average_every=0, intra_node="gossip", second_moment="all_ranks"
+    )
+    assert setting("aer-all-ranks") == previous
+    assert scale.method_options("aer-all-ranks", nodes, per_node)["local_world_size"] == per_node
+    assert scale.method_options("allreduce", nodes, per_node) == {}

@@ -90,7 +90,7 @@ def test_a_synchronous_warm_up_runs_on_simulated_ranks_in_threads(tmp_path: Path
             "--preset", "demo-synthetic-en-de", "--data", str(corpus), "--workers", "4", "--steps", "3",
             "--eval-every", "1", "--optimizer", "decentralized", "--out", str(out),
             f"data.cache_dir={tmp_path / 'cache'}", *TINY, "optim.topology=complete",
-            f"optim.sync_steps={sync}",
+            "optim.exchange=parameters", "optim.intra_node=gossip", f"optim.sync_steps={sync}",
         ])  # fmt: skip
         runs[sync] = json.loads(out.read_text())["curve"]
     assert [p["consensus_distance_rel"] for p in runs[3]] == [0.0, 0.0, 0.0]

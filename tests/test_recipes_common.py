@@ -340,7 +340,11 @@ def test_the_builder_makes_each_optimizer_with_its_betas_and_the_groups() -> Non
     with pytest.raises(ConfigError, match=r"accum_steps=4 is the accumulation window .* setting='accumadam'"):
         optim.build_optimizer(Block(), settings(accum_steps=4, second_moment="all_ranks"))
     with pytest.raises(ConfigError, match=r"second_moment='global' averages"):
-        optim.build_optimizer(Block(), settings(second_moment="global", topology="ring"), communicator=given)
+        optim.build_optimizer(
+            Block(),
+            settings(second_moment="global", topology="ring", exchange="parameters", average_every=0),
+            communicator=given,
+        )
     with pytest.raises(ConfigError, match="decentralized training runs DecentralizedAdam"):
         optim.build_optimizer(Block(), settings(algorithm="sgd"))
     with pytest.raises(ConfigError, match=r"optim\.optimizer = 'ddp'"):
@@ -364,7 +368,8 @@ def test_the_recipes_share_one_optim_section(recipe: str) -> None:
 
     config = importlib.import_module(f"recipes.{recipe}.config")
     assert issubclass(config.OptimConfig, optim.OptimConfig)
-    o = config.PRESETS.load(None, ["optim.second_moment=group_gradient", "optim.v_every=3"]).optim
+    gossip = ["optim.intra_node=gossip", "optim.second_moment=group_gradient", "optim.v_every=3"]
+    o = config.PRESETS.load(None, gossip).optim
     assert (o.second_moment, o.v_every) == ("group_gradient", 3)
     ours = optim.build_optimizer(Block(), o)
     assert isinstance(ours, DecentralizedAdam) and ours.setting.second_moment == GroupGradient(v_every=3)
@@ -378,10 +383,12 @@ def test_the_recipes_share_one_optim_section(recipe: str) -> None:
     default.close()
     # the effective configuration names every option, and reads back as the same setting
     written = optim.resolved(unset)
-    assert written.topology == SETTINGS["default"].topology and written.second_moment == "all_ranks"
+    assert written.topology == SETTINGS["default"].topology and written.second_moment == "global"
     assert optim.decentralized_setting(written) == SETTINGS["default"]
     with pytest.raises(ConfigError, match=r"v_every must be an integer >= 1 .* got 0"):
-        optim.build_optimizer(Block(), settings(second_moment="group_gradient", v_every=0))
+        optim.build_optimizer(
+            Block(), settings(intra_node="gossip", second_moment="group_gradient", v_every=0)
+        )
     with pytest.raises(ConfigError, match=r"A2CiD2's local AccumAdamW takes second_moment all_ranks"):
         optim.build_optimizer(Block(), settings(optimizer="a2cid2", second_moment="group_gradient"))
 

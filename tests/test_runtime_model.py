@@ -253,7 +253,10 @@ def test_bf16_updates_send_half_of_float32_parameters_across_the_nodes() -> None
         Workload(param_bytes=S, compute_s=0.1, update_values=-1.0)
     four = Cluster(4, 2, GBIT, 10 * GBIT)  # over 4 nodes only complete keeps one group per rank
     assert [p.method for p in predict_all(four, updates) if p.method != ALLREDUCE] == ["complete"]
-    with pytest.raises(ValueError, match="needs one fixed group per rank; aer changes them"):
+    with pytest.raises(
+        ValueError,
+        match="needs one fixed group per rank or exact averages over all ranks; aer changes them and has",
+    ):
         predict("aer", four, updates)
 
 
@@ -384,22 +387,62 @@ def _argv(params: str, compute_ms: int, nodes: int, gpus_per_node: int, inter_gb
     ]
 
 
+PREVIOUS_DEFAULT = ["--exchange", "parameters", "--average-every", "0", "--intra-node", "gossip"]
+PREVIOUS_DEFAULT += ["--second-moment", "all_ranks"]  # Setting()'s fields until 2026-11-29
+
+
 def test_cli_prints_table_and_recommendation(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(_argv("350M", 180, nodes=8, gpus_per_node=4, inter_gbps=25)) == 0
     out = capsys.readouterr().out
     for method in METHODS:
         assert f"| {method} |" in out
     assert "speed-up vs all-reduce" in out
-    assert "Use DecentralizedAdam(params, setting=Setting(topology='aer'))" in out
+    # without options the rows are the default setting with each topology; the default's own graph
+    # is named where another is faster per iteration
+    assert "each topology with exchange='bf16_updates', average_every=32, intra_node='all_reduce', " in out
+    assert "Use DecentralizedAdam(params, setting=make_setting(topology='aer')): predicted" in out
+    assert "(one-peer-exp, the default setting's graph, " in out
+    # options that differ from the default are written out in the advice
+    assert main([*_argv("350M", 180, nodes=8, gpus_per_node=4, inter_gbps=25), *PREVIOUS_DEFAULT]) == 0
+    advice = capsys.readouterr().out.splitlines()[-1]
+    assert advice.startswith(
+        "Use DecentralizedAdam(params, setting=make_setting(topology='aer', exchange='parameters', "
+        "average_every=0, intra_node='gossip', second_moment='all_ranks')): predicted 1.93x"
+    )
+
+
+def test_cli_names_the_default_where_its_graph_is_the_fastest(capsys: pytest.CaptureFixture[str]) -> None:
+    # 4 single-rank nodes, 1 s of compute: every graph's bfloat16 updates hide behind it (0.4-0.6 s on
+    # 1 Gbit/s), All-Reduce's float32 gradients (1.2 s) do not; the default's graph wins the tie
+    argv = _argv("25M", 1000, nodes=4, gpus_per_node=1, inter_gbps=1)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    table = [line.split("|") for line in out.splitlines() if line.startswith("| ") and "ms" not in line]
+    rows = {row[1].strip(): float(row[2]) for row in table}
+    assert rows["one-peer-exp"] <= rows["aer"], out
+    assert out.splitlines()[-1].startswith("Use DecentralizedAdam(params) (the default setting): predicted")
 
 
 def test_cli_exchange_names_the_option_and_drops_changing_groups(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [*_argv("25M", 10, nodes=4, gpus_per_node=2, inter_gbps=1), "--intra-node", "all_reduce"]
-    assert main([*argv, "--exchange", "bf16_updates"]) == 0
+    assert (
+        main([*argv, "--exchange", "bf16_updates", "--average-every", "0", "--second-moment", "all_ranks"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "| complete |" in out and "| aer |" not in out
-    assert "or with changing groups (exchange='bf16_updates'): ring, one-peer-exp, aer" in out
-    assert "exchange='bf16_updates')" in out.splitlines()[-1]
+    for name in (
+        "ring",
+        "one-peer-exp",
+        "aer",
+    ):  # changing groups and no exact average: refused, as the optimizer does
+        assert f"not buildable: {name} (exchange='bf16_updates' sends updates from a reference point" in out
+    assert (
+        "average_every=0" in out.splitlines()[-1]
+    )  # complete, with the options that differ from the default
+    assert main([*argv, "--exchange", "bf16_updates"]) == 0  # with the default's exact averages: every graph
+    out = capsys.readouterr().out
+    assert "| aer |" in out and "not buildable" not in out
 
 
 def test_cli_shared_second_moment_adds_its_bytes_when_given(capsys: pytest.CaptureFixture[str]) -> None:
@@ -417,22 +460,28 @@ def test_cli_shared_second_moment_adds_its_bytes_when_given(capsys: pytest.Captu
 
 
 def test_cli_hierarchical_flag_speeds_up_multi_node_groups(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = _argv("25M", 10, nodes=4, gpus_per_node=2, inter_gbps=1)
+    argv = [*_argv("25M", 10, nodes=4, gpus_per_node=2, inter_gbps=1), *PREVIOUS_DEFAULT[:-2]]  # gossip
 
     def aer_ms(extra: list[str]) -> float:
         assert main(argv + extra) == 0
         row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| aer |"))
         return float(row.split("|")[2])
 
-    assert aer_ms(["--hierarchical"]) < aer_ms([])
-    assert aer_ms(["--v-every", "2"]) > aer_ms([])  # the gradient sums ride on the slow link too
+    plain = ["--second-moment", "all_ranks"]
+    assert aer_ms(["--hierarchical", *plain]) < aer_ms(plain)
+    assert aer_ms(["--v-every", "2"]) > aer_ms(plain)  # the gradient sums ride on the slow link too
 
 
 def test_cli_intra_node_all_reduce_adds_the_node_sum_to_the_gossip_rows(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # 1e8 parameter bytes, 2 x 2 ranks, 8 Gbit/s inside nodes: the node sum takes 2e8 / 1e9 s + 2 x 5 us
-    argv = [*_argv("25M", 400, nodes=2, gpus_per_node=2, inter_gbps=100), "--intra-gbps", "8"]
+    argv = [
+        *_argv("25M", 400, nodes=2, gpus_per_node=2, inter_gbps=100),
+        "--intra-gbps",
+        "8",
+        *PREVIOUS_DEFAULT,
+    ]
 
     def rows(extra: list[str]) -> tuple[dict[str, float], str]:
         assert main(argv + extra) == 0
@@ -483,7 +532,7 @@ def test_cli_says_all_reduce_when_compute_dominates(capsys: pytest.CaptureFixtur
             "--params 1M --compute-ms 1 --nodes 2 --inter-gbps 1 --intra-node all_reduce "
             "--share-second-moment-every 2",
             "share_second_moment_every=2 shares the nodes' second_moment='group_gradient' estimate, but "
-            "second_moment='all_ranks'",
+            "second_moment='global'",
         ),
     ],
 )

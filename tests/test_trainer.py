@@ -220,7 +220,8 @@ def test_resume_with_another_topology_is_refused(
 def test_the_group_gradient_second_moment_reaches_the_optimizer(tmp_path: Path) -> None:
     from decentadam import DecentralizedAdam
 
-    optimizer = _trainer(tmp_path, second_moment="group_gradient", v_every=3).create_optimizer()
+    gossip = _trainer(tmp_path, intra_node="gossip", second_moment="group_gradient", v_every=3)
+    optimizer = gossip.create_optimizer()
     assert (
         isinstance(optimizer, DecentralizedAdam) and optimizer.setting.second_moment.name == "group_gradient"
     )

@@ -115,8 +115,14 @@ def train(out: dict[str, Any], run_dir: Path, resume: str | bool | None, topolog
         train_dataset=Sequences(256, seed=1),
         eval_dataset=Sequences(32, seed=2),
         callbacks=[recorder],
-        decentralized=DecentralizedArguments(
-            topology=topology, second_moment="local", accum_steps=2, local_world_size=2
+        decentralized=DecentralizedArguments(  # every rank a worker of the graph, float32 parameters
+            topology=topology,
+            exchange="parameters",
+            average_every=0,
+            intra_node="gossip",
+            second_moment="local",
+            accum_steps=2,
+            local_world_size=2,
         ),
     )
     with warnings.catch_warnings(record=True) as caught:

@@ -38,6 +38,7 @@ from typing import Any
 
 from torch import Tensor
 
+from benchmarks.parity.scale_table import DEFAULT
 from decentadam.collectives import Handle
 from decentadam.options import Global
 from decentadam.topology import Group
@@ -45,8 +46,17 @@ from decentadam.topology import Group
 ALWAYS = 10**9
 """sync_steps that covers a whole run: every step waits for its exchange and mixes before returning."""
 
-DEFAULT = "default"
-"""The method that is ``DecentralizedAdam(params, lr=...)`` with nothing else: ``is_default``."""
+
+GRID_BASE: dict[str, Any] = {
+    "topology": "aer",
+    "exchange": "parameters",
+    "average_every": 0,
+    "second_moment": "all_ranks",
+    "sync_steps": 0,
+}
+"""What every other method starts from: the library's default when the grid began (the method
+``aer-all-ranks``), so that a method's name keeps meaning what its committed runs ran whatever the
+default becomes. ``intra_node`` comes from the layout (:func:`method_options`)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,11 @@ def accum_window(nodes: int) -> int:
 METHODS: dict[str, Method] = {
     "allreduce": Method(None, "All-Reduce: DDP + AdamW on the mean gradient"),
     DEFAULT: Method({}, "DecentralizedAdam() as committed: its defaults, nothing passed"),
+    "aer-all-ranks": Method(
+        {"intra_node": "gossip"},
+        "all_ranks on aer, float32 parameters, every rank a worker of the graph: DecentralizedAdam()'s "
+        "default until the overlapped candidate (exp-avg32-global) replaced it",
+    ),
     "accumadam": Method(
         {"second_moment": "local", "topology": "aer"},
         "the paper's AccumAdam on aer: own second moment, window 4 (N <= 8) or 8",
@@ -186,6 +201,37 @@ class _Counting:
         self.inner.world_sum(tensor)
 
 
+def method_options(name: str, nodes: int, per_node: int) -> dict[str, Any]:
+    """The flat options (``decentadam.make_setting``'s keywords, and ``local_world_size``) that
+    ``name`` runs with on ``nodes`` nodes of ``per_node`` ranks; {} for All-Reduce."""
+    method = METHODS[name]
+    if method.options is None:
+        return {}
+    options = dict(method.options) if name == DEFAULT else GRID_BASE | method.options
+    options["local_world_size"] = per_node  # what the launcher's LOCAL_WORLD_SIZE gives it
+    if method.accum is not None:
+        options["accum_steps"] = method.accum(nodes)
+    if name != DEFAULT:  # a node's ranks average their gradients, but where a method says otherwise
+        options.setdefault("intra_node", "all_reduce" if per_node > 1 and name != "accumadam" else "gossip")
+    return options
+
+
+def recorded_options(record: dict[str, Any]) -> dict[str, Any]:
+    """All the flat options a committed run of this grid ran with: its ``options`` (as
+    :func:`method_options` wrote them, a second moment as its repr), on :data:`GRID_BASE` but for
+    ``default``, with the layout's ``intra_node`` where the run's options leave it out (the runs made
+    before the method names were spelled out on the base record only what they changed)."""
+    options = dict(record.get("options") or {})
+    if record["method"] == DEFAULT:
+        return options
+    per_node = int(record.get("ranks_per_node", 1))
+    options = GRID_BASE | options
+    options.setdefault(
+        "intra_node", "all_reduce" if per_node > 1 and record["method"] != "accumadam" else "gossip"
+    )
+    return options
+
+
 def code_commit() -> str:
     """The commit of the code that ran (with ``+dirty`` if the work tree had changes)."""
     root = Path(__file__).resolve().parents[2]
@@ -238,14 +284,7 @@ def run(argv: list[str]) -> None:
         args.preset,
         [f"data={args.data}", f"optim.optimizer={optimizer}", f"train.seed={args.seed}", *args.overrides],
     )
-    options: dict[str, Any] = {}
-    if method.options is not None:
-        options = dict(method.options)  # DEFAULT: {}, DecentralizedAdam's own defaults
-        options["local_world_size"] = per_node  # what the launcher's LOCAL_WORLD_SIZE gives it
-        if method.accum is not None:
-            options["accum_steps"] = method.accum(nodes)
-        if per_node > 1 and args.method not in (DEFAULT, "accumadam"):
-            options.setdefault("intra_node", "all_reduce")  # a node's ranks average their gradients
+    options = method_options(args.method, nodes, per_node)
     counter = Counter(nodes, per_node)
 
     def on_step(step: int) -> None:

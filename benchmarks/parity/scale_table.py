@@ -23,6 +23,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+DEFAULT = "default"
+"""The method that is ``DecentralizedAdam(params, lr=...)`` with nothing else: ``is_default``."""
+
+SAME_AS_DEFAULT = ("exp-avg32-global",)
+"""Methods whose options are ``DecentralizedAdam()``'s default on every layout the grid runs (on
+nodes of one rank up to ``intra_node``, which changes nothing there): their runs are the default's,
+and the summary counts them with its seeds (tests/test_parity_scale.py checks it)."""
+
 BUDGET = 0.6
 """Inter-node bytes per step, as a multiple of DDP with bfloat16 gradients, that a method may send."""
 
@@ -120,8 +128,11 @@ def render(runs: list[dict[str, Any]], command: str) -> str:
             else:
                 cells.append(f"{curve[step]:.3f} ({diff[step]:+.3f})")
         ratio = run["inter_node_bytes_per_step"] / run["ddp_bf16_bytes_per_step"]
+        same = " (= default)" if run["method"] in SAME_AS_DEFAULT else ""
         name = (
-            run["method"] + (" (default)" if run["is_default"] else "") + (" *" if id(run) in chosen else "")
+            run["method"]
+            + (" (default)" if run["is_default"] else same)
+            + (" *" if id(run) in chosen else "")
         )
         layout = f"{run['nodes']} x {run['ranks_per_node']} | {run['tokens_per_rank']}"
         lines.append(
@@ -142,10 +153,12 @@ def summary(runs: list[dict[str, Any]], references: dict[tuple[int, int], dict[s
     groups: dict[tuple[int, int, str, float], list[dict[int, float]]] = defaultdict(list)
     for run in runs:
         if run["method"] != "allreduce":
-            key = (run["nodes"], run["ranks_per_node"], run["method"], run["lr"])
+            method = DEFAULT if run["method"] in SAME_AS_DEFAULT else run["method"]
+            key = (run["nodes"], run["ranks_per_node"], method, run["lr"])
             groups[key].append(differences(run, references))
     lines = [
-        "Mean difference to All-Reduce (best rate) over the seeds that reached the step (seeds in brackets):",
+        "Mean difference to All-Reduce (best rate) over the seeds that reached the step (seeds in brackets;",
+        f"`default` counts the runs of {', '.join(f'`{m}`' for m in SAME_AS_DEFAULT)}, the same options):",
         "",
         "| nodes x ranks | method | lr | " + " | ".join(f"step {s}" for s in SUMMARY_STEPS) + " |",
         "|---|---|---:|" + "---:|" * len(SUMMARY_STEPS),

@@ -42,11 +42,11 @@ from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
+from benchmarks.parity.scale import recorded_options
 from benchmarks.parity.scale_table import reference, with_rates
 from benchmarks.time_to_quality.rates import solve
-from decentadam.options import FLAT_OPTIONS, SECOND_MOMENTS, GroupGradient, Setting, make_setting
-from decentadam.runtime_model import ALLREDUCE, Cluster, Workload, predict
-from decentadam.topology import changing_groups
+from decentadam.options import FLAT_OPTIONS, SECOND_MOMENTS, Global, Setting, make_setting
+from decentadam.runtime_model import ALLREDUCE, Cluster, Workload, predict, predict_setting
 from recipes.translation.compare import time_to_reach
 
 STEM = "time_to_quality_scale"
@@ -129,15 +129,18 @@ def calibrate(paper: PaperCluster, size: float) -> tuple[float, float]:
     raise ValueError("the calibration did not settle: the paper's two iterations have no common solution")
 
 
-def setting_of(options: dict[str, Any]) -> Setting:
-    """The setting a grid run's flat ``options`` build (a second moment written as its repr, e.g.
+def setting_of(record: dict[str, Any]) -> Setting:
+    """The setting a grid run ran with: its recorded flat ``options`` on the grid's base
+    (:func:`benchmarks.parity.scale.recorded_options`; a second moment written as its repr, e.g.
     ``Global(floored=False)``, as the kind of that name)."""
-    flat = {k: v for k, v in options.items() if k in FLAT_OPTIONS}
+    flat = {k: v for k, v in recorded_options(record).items() if k in FLAT_OPTIONS}
     moment = flat.get("second_moment")
     if isinstance(moment, str) and moment not in SECOND_MOMENTS:
-        flat["second_moment"] = next(
-            (name for name, kind in SECOND_MOMENTS.items() if moment.startswith(kind.__name__)), moment
-        )
+        kind = next((kind for kind in SECOND_MOMENTS.values() if moment.startswith(kind.__name__)), None)
+        if kind is Global:
+            flat["second_moment"] = Global(floored="floored=False" not in moment)
+        elif kind is not None:
+            flat["second_moment"] = kind.name
     return make_setting(**flat)
 
 
@@ -145,31 +148,16 @@ def iteration_s(
     record: dict[str, Any], paper: PaperCluster, size: float, compute_s: float, bandwidth: float
 ) -> float:
     """The runtime model's iteration of one grid run's method on ``record['nodes']`` nodes of the
-    paper's cluster (ranks per node as the run simulated them)."""
+    paper's cluster (ranks per node as the run simulated them): its setting's steady state
+    (:func:`decentadam.runtime_model.predict_setting`), its synchronous steps (``sync_steps``)
+    counted as compute plus communication."""
     nodes, local = int(record["nodes"]), int(record.get("ranks_per_node", 1))
     cluster = cluster_of(paper, nodes, local, bandwidth)
     work = Workload(param_bytes=size, compute_s=compute_s, forward_fraction=paper.forward_fraction)
     if record["method"] == PARITY_ALLREDUCE or record.get("options") is None:
         return predict(ALLREDUCE, cluster, work).iteration_s
-    setting = setting_of(record["options"])
-    topology = setting.schedule(cluster.world_size, local)
-    params = size / 4
-    moment = setting.second_moment
-    nodes_sum = setting.intra_node == "all_reduce"
-    bf16 = setting.exchange == "bf16_updates"
-    fixed = changing_groups(topology) is None
-    work = dataclasses.replace(
-        work,
-        param_bytes=size / 2 if bf16 and not fixed else size,  # the same bytes as bf16 updates
-        update_values=params if bf16 and fixed else 0.0,
-        intra_node=setting.intra_node,
-        node_squares=isinstance(moment, GroupGradient),
-        gradient_values=params if isinstance(moment, GroupGradient) and not nodes_sum else 0.0,
-        v_every=(moment.v_every or 2) if isinstance(moment, GroupGradient) else 2,
-        moment_values=params if setting.share_every else 0.0,
-        share_every=setting.share_every or 2,
-    )
-    prediction = predict(topology, cluster, work)
+    setting = setting_of(record)
+    prediction = predict_setting(setting, cluster, work)
     synchronous = min(setting.sync_steps, int(record["steps"])) / int(record["steps"])
     return (1 - synchronous) * prediction.iteration_s + synchronous * (compute_s + prediction.comm_s)
 

@@ -1,19 +1,31 @@
 """The command line of the runtime model: ``python -m decentadam.runtime_model --help``.
 
 Reads a cluster and a workload from flags, prints the predicted iteration time of All-Reduce and of
-every topology (:func:`decentadam.runtime_model.model.predict_all`) and which to use.
+DecentralizedAdam on every topology (:func:`decentadam.runtime_model.model.predict_setting`), and
+which to use. The options of DecentralizedAdam's rows default to its default setting
+(``decentadam.Setting()``): without them, the row of its topology is ``DecentralizedAdam(params)``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
-from decentadam.options import INTRA_NODE, SECOND_MOMENTS, make_setting
-from decentadam.runtime_model.model import ALLREDUCE, METHODS, Cluster, Prediction, Workload, predict_all
+from decentadam.options import EXCHANGES, INTRA_NODE, SECOND_MOMENTS, Setting, make_setting
+from decentadam.runtime_model.model import (
+    ALLREDUCE,
+    METHODS,
+    Cluster,
+    Prediction,
+    Workload,
+    predict,
+    predict_setting,
+    workload_of,
+)
 
 __all__ = ["build_parser", "main", "parse_size", "recommend"]
 
@@ -129,26 +141,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--second-moment group_gradient: the node's second moment (bfloat16) with every K-th exchange "
         "(default 0: not shared)",
     )
+    default = Setting()
     parser.add_argument(
         "--second-moment",
         choices=tuple(SECOND_MOMENTS),
-        help="Setting(second_moment=...) (default: group_gradient with --v-every, else "
-        "all_ranks); with --intra-node all_reduce, group_gradient adds the squares to the node's sum",
+        help="Setting(second_moment=...) (default: group_gradient with --v-every, else the default "
+        f"setting's, {default.second_moment.name}); with --intra-node all_reduce, group_gradient adds "
+        "the squares to the node's sum; global sends each rank's estimate with every exact average",
     )
     parser.add_argument(
         "--exchange",
-        choices=("parameters", "bf16_updates"),
-        default="parameters",
-        help="Setting(exchange=...): 'bf16_updates' sends each rank's update in bfloat16 "
-        "(2 bytes per parameter) in place of its parameters",
+        choices=EXCHANGES,
+        default=default.exchange,
+        help=f"Setting(exchange=...) (default {default.exchange}): 'bf16_updates' sends each rank's update "
+        "in bfloat16 (2 bytes per parameter) in place of its parameters",
     )
     parser.add_argument(
         "--intra-node",
         choices=INTRA_NODE,
-        default="gossip",
-        help="Setting(intra_node=...): 'all_reduce' all-reduces the gradients (and with "
-        "--second-moment group_gradient their squares) inside each node before every update, and only "
-        "nodes gossip",
+        default=default.intra_node,
+        help=f"Setting(intra_node=...) (default {default.intra_node}): 'all_reduce' all-reduces the "
+        "gradients (and with --second-moment group_gradient their squares) inside each node before "
+        "every update, and only nodes gossip",
+    )
+    parser.add_argument(
+        "--average-every",
+        type=_count_or_zero,
+        default=default.average_every,
+        help=f"Setting(average_every=...) (default {default.average_every}): every K-th step the "
+        "exchange is the exact average over all ranks; 0: never",
     )
     parser.add_argument(
         "--straggler",
@@ -175,33 +196,45 @@ def _format_table(predictions: list[Prediction]) -> str:
     return "\n".join(lines)
 
 
-def recommend(
-    predictions: list[Prediction],
-    threshold: float = 1.10,
-    intra_node: str = "gossip",
-    exchange: str = "parameters",
-) -> str:
+TIE = 1.02
+"""Iteration times within this factor count as equal in :func:`recommend`."""
+
+
+def setting_call(setting: Setting) -> str:
+    """How a user writes ``setting``: ``DecentralizedAdam(params)`` for the default, else the fields
+    that differ from it, as ``Setting(...)`` takes them."""
+    default = Setting().flat()
+    changed = {k: v for k, v in setting.flat().items() if v is not None and v != default[k]}
+    if not changed:
+        return "DecentralizedAdam(params) (the default setting)"
+    arguments = ", ".join(f"{k}={v!r}" for k, v in changed.items())
+    return f"DecentralizedAdam(params, setting=make_setting({arguments}))"
+
+
+def recommend(predictions: list[Prediction], settings: Mapping[str, Setting], threshold: float = 1.10) -> str:
     """One sentence: the fastest method, and whether decentralizing is worth it (>= ``threshold``x).
 
-    ``intra_node``, ``exchange``: those the gossip predictions were made with (named in the advice
-    when not the defaults).
+    ``settings``: the Setting each gossip prediction was made with, by its method's name. The
+    default setting's row wins over one at most ``TIE`` times faster.
     """
     base = next(p for p in predictions if p.method == ALLREDUCE)
     gossip = [p for p in predictions if p.method != ALLREDUCE]
     if not gossip:
         return "Use All-Reduce: no gossip topology can be built for this cluster."
     best = min(gossip, key=lambda p: p.iteration_s)
+    default = next((p for p in gossip if settings[p.method] == Setting()), None)
+    if default is not None and default.iteration_s <= best.iteration_s * TIE:
+        best = default  # as fast: the setting whose quality at scale was measured
     speedup = base.iteration_s / best.iteration_s
     if speedup >= threshold:
-        arguments = (
-            f"topology={best.method!r}"
-            + (f", intra_node={intra_node!r}" if intra_node != "gossip" else "")
-            + (f", exchange={exchange!r}" if exchange != "parameters" else "")
-        )
-        return (
-            f"Use DecentralizedAdam(params, setting=Setting({arguments})): predicted {speedup:.2f}x faster "
-            "per iteration."
-        )
+        advice = f"Use {setting_call(settings[best.method])}: predicted {speedup:.2f}x faster per iteration"
+        if default is not None and default is not best:  # the quality at scale was measured for it
+            ratio = base.iteration_s / default.iteration_s
+            advice += (
+                f" ({default.method}, the default setting's graph, {ratio:.2f}x; "
+                "the steps each needs for All-Reduce's quality are not in this model: docs/choosing.md)"
+            )
+        return advice + "."
     return (
         f"Use All-Reduce: the best topology ({best.method}) is predicted only {speedup:.2f}x faster per "
         "iteration, not worth the consensus error of decentralized training."
@@ -212,14 +245,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.second_moment is None:
-        args.second_moment = "group_gradient" if args.v_every is not None else "all_ranks"
+        args.second_moment = "group_gradient" if args.v_every is not None else Setting().second_moment.name
     try:  # the options' own rules (decentadam.options), as DecentralizedAdam would apply them
-        make_setting(
+        options = make_setting(
             second_moment=args.second_moment,
             v_every=args.v_every,
             share_second_moment_every=args.share_second_moment_every,
             intra_node=args.intra_node,
             exchange=args.exchange,
+            average_every=args.average_every,
         )
     except ValueError as error:
         parser.error(str(error))
@@ -227,32 +261,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster, work = _inputs(args)
     except ValueError as error:
         parser.error(str(error))
-    predictions = predict_all(cluster, work)
+    predictions = [predict(ALLREDUCE, cluster, work)]
+    settings: dict[str, Setting] = {}
+    skipped: dict[str, str] = {}
+    for name in METHODS[1:]:
+        setting = dataclasses.replace(options, topology=name)
+        try:
+            prediction = predict_setting(setting, cluster, work, values=args.params)
+        except ValueError as error:
+            skipped[name] = str(error).split(":")[0]
+            continue
+        predictions.append(dataclasses.replace(prediction, method=name))
+        settings[name] = setting
     print(
         f"{args.params:.3g} parameters ({work.param_bytes / 1e6:.0f} MB), compute {args.compute_ms:g} ms, "
         f"{args.nodes} nodes x {args.gpus_per_node} ranks, inter-node {args.inter_gbps:g} Gbit/s, "
         f"intra-node {args.intra_gbps:g} Gbit/s"
         + (f", one rank {args.straggler:g}x slower" if args.straggler != 1.0 else "")
     )
+    neutral = {"accum_steps": 1, "sync_steps": 0}
+    flat = {
+        k: v
+        for k, v in options.flat().items()
+        if v is not None and k != "topology" and (k not in neutral or v != neutral[k])
+    }
+    print("DecentralizedAdam's rows: each topology with " + ", ".join(f"{k}={v!r}" for k, v in flat.items()))
     print(_format_table(predictions))
     node_sums = [p.node_sum_s for p in predictions if p.node_sum_s]
     if args.intra_node == "all_reduce" and node_sums:
-        what = "gradients and their squares" if work.node_squares else "gradients"
+        what = "gradients and their squares" if workload_of(options, work).node_squares else "gradients"
         print(
             f"intra_node='all_reduce' (the topologies' rows): every step each node all-reduces "
-            f"{work.node_sum_bytes() / 1e6:.0f} MB ({what}) in {node_sums[0] * 1e3:.1f} "
-            f"ms before updating, and the topologies are built among the {args.nodes} nodes"
+            f"{workload_of(options, work, args.params).node_sum_bytes() / 1e6:.0f} MB ({what}) in "
+            f"{node_sums[0] * 1e3:.1f} ms before updating, and the topologies are built among the "
+            f"{args.nodes} nodes"
         )
-    skipped = [m for m in METHODS if m not in {p.method for p in predictions}]
-    if skipped:
-        shape = (
-            f"among {args.nodes} nodes"
-            if args.intra_node == "all_reduce"
-            else f"on {cluster.world_size} ranks in nodes of {args.gpus_per_node}"
-        )
-        fixed = " or with changing groups (exchange='bf16_updates')" if args.exchange != "parameters" else ""
-        print(f"not buildable {shape}{fixed}: " + ", ".join(skipped))
-    print(recommend(predictions, intra_node=args.intra_node, exchange=args.exchange))
+    for name, reason in skipped.items():
+        print(f"not buildable: {name} ({reason})")
+    print(recommend(predictions, settings))
     return 0
 
 
@@ -279,14 +325,5 @@ def _inputs(args: argparse.Namespace) -> tuple[Cluster, Workload]:
         update_overlaps_comm=not args.update_blocks_comm,
         compute_scale=scale,
         hierarchical=args.hierarchical,
-        gradient_values=args.params
-        if args.second_moment == "group_gradient" and args.intra_node != "all_reduce"
-        else 0.0,
-        v_every=args.v_every or 2,
-        update_values=args.params if args.exchange == "bf16_updates" else 0.0,
-        intra_node=args.intra_node,
-        node_squares=args.second_moment == "group_gradient",
-        moment_values=args.params if args.share_second_moment_every else 0.0,
-        share_every=args.share_second_moment_every or 2,
     )
     return cluster, work

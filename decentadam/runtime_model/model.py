@@ -36,6 +36,11 @@ Inputs (all measurable without running the training job itself)
 ``P, k_A``   with ``share_second_moment_every=k_A`` (``intra_node="all_reduce"``, ``group_gradient``):
              the node's second moment (``P = numel`` values, bfloat16: ``2 P`` bytes) travels with
              the parameters of every ``k_A``-th exchange, ``2 P / k_A`` more per step on average.
+``P, K``     with ``second_moment="global"``: each rank's second-moment estimate (``P`` values,
+             bfloat16: ``2 P`` bytes) travels with the parameters of every exact average over all
+             ranks (every ``K``-th step, ``average_every=K``), ``2 P / K`` more per step on average.
+             :func:`predict_setting` predicts a whole :class:`~decentadam.options.Setting` (the
+             default's included) with these workload fields set from it.
 
 Communication: one group sum is a ring all-reduce (gloo and NCCL both use rings for large buffers)
 --------------------------------------------------------------------------------------------------
@@ -134,8 +139,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from decentadam.collectives import node_layout
-from decentadam.options import INTRA_NODE
-from decentadam.topology import Group, Round, Topology, build, changing_groups, over_nodes
+from decentadam.options import INTRA_NODE, Global, GroupGradient, Setting
+from decentadam.topology import Group, Round, Topology, build, changing_groups, has_global_round, over_nodes
 
 __all__ = [
     "ALLREDUCE",
@@ -147,7 +152,9 @@ __all__ = [
     "group_sum_times",
     "predict",
     "predict_all",
+    "predict_setting",
     "ring_edges",
+    "workload_of",
 ]
 
 logger = logging.getLogger(__name__)
@@ -241,6 +248,9 @@ class Workload:
     parameters every ``share_every`` steps, 2 bytes each (bfloat16); 0: not shared."""
     share_every: int = 2
     """k_A: ``GroupGradient(share_second_moment_every)``, the steps between two such sums."""
+    global_moment_values: float = 0.0
+    """P: with ``second_moment="global"`` the values of each rank's second-moment estimate sent
+    (bfloat16, 2 bytes each) with every exact average over all ranks; 0: another second moment."""
 
     def __post_init__(self) -> None:
         if not self.param_bytes > 0:
@@ -255,6 +265,8 @@ class Workload:
             raise ValueError(f"intra_node must be 'gossip' or 'all_reduce', got {self.intra_node!r}")
         if not self.moment_values >= 0:
             raise ValueError(f"moment_values must be >= 0, got {self.moment_values}")
+        if not self.global_moment_values >= 0:
+            raise ValueError(f"global_moment_values must be >= 0, got {self.global_moment_values}")
         if self.share_every < 1:
             raise ValueError(f"share_every must be >= 1, got {self.share_every}")
         if self.moment_values and self.intra_node != "all_reduce":
@@ -297,8 +309,14 @@ class Workload:
         return sent + self.gradient_values * (2 if len(group) == 2 else 4)
 
     def round_bytes(self, topology: Topology, step: int) -> dict[Group, float]:
-        """:meth:`exchange_bytes` of each group of ``step``."""
-        return {group: self.exchange_bytes(step, group) for group in topology.groups(step)}
+        """:meth:`exchange_bytes` of each group of ``step``, and a group of all ranks (an exact
+        average) also the ranks' second-moment estimates of ``second_moment="global"``."""
+        world = topology.world_size
+
+        def extra(group: Group) -> float:
+            return 2 * self.global_moment_values if world > 1 and len(group) == world else 0.0
+
+        return {group: self.exchange_bytes(step, group) + extra(group) for group in topology.groups(step)}
 
     def node_sum_bytes(self) -> float:
         """Bytes of the node's gradient all-reduce of one step: ``2 S`` (``g`` and ``g**2``), ``S``
@@ -557,8 +575,11 @@ def predict(method: str | Topology, cluster: Cluster, work: Workload, periods: i
         bound = _simulate_allreduce(cluster, work, 0.0, steps)
     else:
         topology = built if built is not None else _topology(method, cluster, work)
-        if work.update_values and changing_groups(topology) is not None:
-            raise ValueError(f"exchange='bf16_updates' needs one fixed group per rank; {method} changes them")
+        if work.update_values and changing_groups(topology) is not None and not has_global_round(topology):
+            raise ValueError(
+                f"exchange='bf16_updates' needs one fixed group per rank or exact averages over all ranks; "
+                f"{method} changes them and has none"
+            )
         steps = max(48, work.rounds(topology) * periods)  # the slope is taken over the second half
         iteration = _simulate_gossip(topology, cluster, work, work.update_s, steps)
         bound = _simulate_gossip(topology, cluster, work, 0.0, steps)
@@ -600,3 +621,36 @@ def predict_all(cluster: Cluster, work: Workload, methods: Sequence[str] = METHO
         except ValueError as error:
             logger.info("skipping %s: %s", method, error)
     return predictions
+
+
+def workload_of(setting: Setting, work: Workload, values: float | None = None) -> Workload:
+    """``work`` with what ``setting`` sends (its exchange, its nodes' all-reduce, its second moment's
+    bytes) in place of those fields; ``values``: the model's parameter count (None: ``S / 4``, float32)."""
+    values = work.param_bytes / 4 if values is None else values
+    moment = setting.second_moment
+    nodes = setting.intra_node == "all_reduce"
+    return Workload(
+        **{
+            **{name: getattr(work, name) for name in work.__dataclass_fields__},
+            "update_values": values if setting.exchange == "bf16_updates" else 0.0,
+            "intra_node": setting.intra_node,
+            "node_squares": isinstance(moment, GroupGradient),
+            "gradient_values": values if isinstance(moment, GroupGradient) and not nodes else 0.0,
+            "v_every": setting.v_every or 2,
+            "moment_values": values if setting.share_every else 0.0,
+            "share_every": setting.share_every or 2,
+            "global_moment_values": values if isinstance(moment, Global) else 0.0,
+        }
+    )
+
+
+def predict_setting(
+    setting: Setting, cluster: Cluster, work: Workload, values: float | None = None, periods: int = 8
+) -> Prediction:
+    """:func:`predict` of DecentralizedAdam with ``setting`` on ``cluster`` (its schedule from
+    :meth:`Setting.schedule`, with its exact averages; the workload's exchange fields from
+    :func:`workload_of`, ``values`` parameters): the steady state, after a synchronous warm-up
+    (``sync_steps``) if any.
+    Raises ValueError where the setting cannot be built for the cluster, as the optimizer would."""
+    topology = setting.schedule(cluster.world_size, cluster.ranks_per_node)
+    return predict(topology, cluster, workload_of(setting, work, values), periods)

@@ -1,4 +1,4 @@
-"""Quickstart: All-Reduce against DecentralizedAdam on `aer`, a small translation task, 4 CPU processes.
+"""Quickstart: All-Reduce against DecentralizedAdam's default, a small translation task, 4 CPU processes.
 
 ::
 
@@ -9,8 +9,9 @@
    ``OUT/data``;
 2. trains the same tiny Transformer (preset ``demo-synthetic-en-de``) twice with ``accelerate
    launch`` on 4 CPU processes emulating 2 nodes x 2: once with All-Reduce (DDP + AdamW), once
-   with ``decentadam``'s ``DecentralizedAdam`` (its defaults) on the alternating exponential ring
-   (AER), the same number of steps on the same data;
+   with ``decentadam``'s ``DecentralizedAdam`` with its default setting (the ranks of a node
+   average their gradients; the 2 nodes average bfloat16 updates, overlapped with the next
+   step), the same number of steps on the same data;
 3. translates the test set with beam search (``python -m eval.bleu``) and prints both sacreBLEU
    scores with the signature, and writes ``OUT/report.json`` and ``OUT/report.png`` (``compare.py``).
 
