@@ -68,7 +68,10 @@ common:
   no_sweep_dir: true
   metric_recorders: {tensorboard: {enabled: false}}
 """
-DECENTRALIZED = "{lr: 1.0e-2, topology: aer, local_world_size: 1, bucket_size_mb: 0.01}"
+DECENTRALIZED = (  # every rank a worker of aer, float32 parameters: the adapter's mechanics, not the default
+    "{lr: 1.0e-2, topology: aer, exchange: parameters, average_every: 0, intra_node: gossip, "
+    "second_moment: all_ranks, local_world_size: 1, bucket_size_mb: 0.01}"
+)
 
 
 def train(out: Path, steps: int, world: int = WORLD, optimizer: str = "decentralized_adam",
@@ -274,6 +277,7 @@ def test_config_validation_is_the_library_s() -> None:
     """The config maps onto decentadam.options.make_setting: its errors are the library's, in its words
     (tests/test_options.py feeds every refused combination through each configuration)."""
     assert DecentralizedAdamConfig(setting="accumadam").to_setting() == SETTINGS["accumadam"]
+    assert DecentralizedAdamConfig().to_setting() == SETTINGS["default"]  # no argument: the default
     assert not DecentralizedAdamConfig(exchange="bf16_updates", topology="complete").validate().has_error()
     errors = str(DecentralizedAdamConfig(exchange="fp8").validate())
     assert "exchange must be 'parameters' or 'bf16_updates', got 'fp8'." in errors
@@ -285,4 +289,5 @@ def test_config_validation_is_the_library_s() -> None:
         DecentralizedAdamConfig(intra_node="all_reduce", second_moment="group_gradient", v_every=2).validate()
     )
     assert "v_every=2: with intra_node='all_reduce'" in errors and "leave v_every out" in errors
-    assert not DecentralizedAdamConfig(second_moment="group_gradient", v_every=2).validate().has_error()
+    gossip = DecentralizedAdamConfig(intra_node="gossip", second_moment="group_gradient", v_every=2)
+    assert not gossip.validate().has_error()
