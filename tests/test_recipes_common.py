@@ -431,6 +431,18 @@ def test_precision_and_the_time_limit() -> None:
     assert not loop.out_of_time(accelerator, 59.0, 1.0)  # type: ignore[arg-type]
     assert loop.out_of_time(accelerator, 60.0, 1.0)  # type: ignore[arg-type]
 
+    class TwoRanks(FakeAccelerator):  # rank 0 asks; rank 1's clock says `other`
+        def __init__(self, other: float) -> None:
+            super().__init__()
+            self.other = other
+
+        def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+            return torch.cat([tensor, torch.tensor([self.other])])
+
+    # rank 0's clock decides, the one a report's train_seconds (and a budget taken from it) are
+    assert not loop.out_of_time(TwoRanks(1.0), 59.0, 1.0)  # type: ignore[arg-type]
+    assert loop.out_of_time(TwoRanks(0.0), 60.0, 1.0)  # type: ignore[arg-type]
+
 
 # The launch command -------------------------------------------------------------------------------
 

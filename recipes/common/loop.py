@@ -93,12 +93,13 @@ class TrainingClock:
 
 
 def out_of_time(accelerator: Accelerator, seconds: float, max_minutes: float) -> bool:
-    """Whether any rank has trained ``max_minutes`` (0: no limit): a collective, so every rank stops at
-    the same step; call it at the same steps on every rank."""
+    """Whether rank 0 has trained ``max_minutes`` (0: no limit), by its clock: the one the run's
+    curve and reports record (a time budget taken from another run's report is that run's rank 0's).
+    A collective, so every rank stops at the same step; call it at the same steps on every rank."""
     if max_minutes <= 0:
         return False
     flag = torch.tensor([float(seconds >= 60 * max_minutes)], device=accelerator.device)
-    return bool(accelerator.gather(flag).max() > 0)
+    return bool(accelerator.gather(flag)[0] > 0)  # gathered in rank order
 
 
 @contextlib.contextmanager
