@@ -560,3 +560,23 @@ def test_a_built_topology_is_predicted_as_its_name_is_and_must_fit_the_cluster()
     assert every4.method == averaged.name and every4.inter_bytes_per_rank > plain.inter_bytes_per_rank
     with pytest.raises(ValueError, match="of 4 ranks, the cluster of 8"):
         predict(build("ring", 4, 2), cluster, work)
+
+
+def test_a_setting_is_priced_with_its_exact_averages_and_its_global_estimates() -> None:
+    """The default on 4 single-rank nodes: one partner per step (bfloat16 updates, 2P bytes), every
+    32nd step an all-reduce over the 4 nodes of the updates and, with Global(), of each rank's
+    estimate (2P more): 2 (3/4) 4P = 6P. Per rank and step (31 x 2P + 6P) / 32 across node links."""
+    from decentadam.options import AllRanks, Setting
+    from decentadam.runtime_model import predict_setting, workload_of
+
+    values = 25e6
+    cluster = Cluster(nodes=4, ranks_per_node=1, inter_bytes_per_s=GBIT, intra_bytes_per_s=100 * GBIT)
+    work = Workload(param_bytes=4 * values, compute_s=0.1)
+    default = predict_setting(Setting(), cluster, work)
+    assert default.method == "one-peer-exp+avg32"
+    assert default.inter_bytes_per_rank == pytest.approx((31 * 2 * values + 6 * values) / 32)
+    plain = predict_setting(Setting(second_moment=AllRanks()), cluster, work)  # the estimates not sent
+    assert plain.inter_bytes_per_rank == pytest.approx((31 * 2 * values + 3 * values) / 32)
+    assert workload_of(Setting(), work).global_moment_values == values
+    with pytest.raises(ValueError, match="one-peer-exp needs world_size to be a power of two"):
+        predict_setting(Setting(), replace(cluster, nodes=3), work)

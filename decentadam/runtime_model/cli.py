@@ -202,7 +202,7 @@ TIE = 1.02
 
 def setting_call(setting: Setting) -> str:
     """How a user writes ``setting``: ``DecentralizedAdam(params)`` for the default, else the fields
-    that differ from it, as ``Setting(...)`` takes them."""
+    that differ from it, by the names ``make_setting`` takes."""
     default = Setting().flat()
     changed = {k: v for k, v in setting.flat().items() if v is not None and v != default[k]}
     if not changed:
