@@ -95,6 +95,8 @@ def test_the_table_compares_every_rate_with_all_reduce_at_its_best_rate(tmp_path
         "runs/default": fake_run("default", None, [5.5, 4.5, 4.2, 4.0]),
         "lr-1e-3/default": fake_run("default", "optim.lr=1e-3", [5.2, 4.4, 4.0, 3.6]),
         "lr-1e-3/exp": fake_run("exp", "optim.lr=1e-3", [5.3, 4.6]),  # stopped before step 400
+        # the default's options under another name, seed 1 again but shorter: one seed in the summary
+        "lr-1e-3/exp-avg32-global": fake_run("exp-avg32-global", "optim.lr=1e-3", [5.2, 4.4]),
         "lr-4e-3/allreduce": fake_run(
             "allreduce", "optim.lr=4e-3", []
         ),  # stopped before its first evaluation
@@ -112,7 +114,8 @@ def test_the_table_compares_every_rate_with_all_reduce_at_its_best_rate(tmp_path
     assert row.format("0.001", "5.200 (+0.200) | 4.400 (+0.400) | 4.000 (+0.500) | 3.600 (+0.600)") in text
     assert row.format("0.002", "5.500 (+0.500) | 4.500 (+0.500) | 4.200 (+0.700) | 4.000 (+1.000)") in text
     assert "| 16 x 1 | 256 | exp | 0.001 | 1 | 0.50 | 0.000 | 5.300 (+0.300) | 4.600 (+0.600) |" in text
-    assert "| 16 x 1 | default | 0.001 | +0.600 (1) |  |" in text  # 3.6 - 3.0
+    assert "| 16 x 1 | default | 0.001 | +0.600 (1) |  |" in text  # 3.6 - 3.0, seed 1 counted once
+    assert "| 16 x 1 | 256 | exp-avg32-global (= default) | 0.001 | 1 |" in text
     assert "| 16 x 1 | default | 0.002 | +1.000 (1) |  |" in text
     assert "| 16 x 1 | exp |" not in text  # no step 400: no summary row
 

@@ -150,15 +150,20 @@ def render(runs: list[dict[str, Any]], command: str) -> str:
 
 def summary(runs: list[dict[str, Any]], references: dict[tuple[int, int], dict[str, Any]]) -> list[str]:
     """Mean difference to All-Reduce over the seeds, per layout, method and rate, at SUMMARY_STEPS."""
-    groups: dict[tuple[int, int, str, float], list[dict[int, float]]] = defaultdict(list)
-    for run in runs:
+    chosen: dict[tuple[int, int, str, float, int], dict[str, Any]] = {}
+    for run in runs:  # one run per seed: a default's seed run under both names counts once, the longer
         if run["method"] != "allreduce":
             method = DEFAULT if run["method"] in SAME_AS_DEFAULT else run["method"]
-            key = (run["nodes"], run["ranks_per_node"], method, run["lr"])
-            groups[key].append(differences(run, references))
+            key = (run["nodes"], run["ranks_per_node"], method, run["lr"], run["seed"])
+            if key not in chosen or run["steps"] > chosen[key]["steps"]:
+                chosen[key] = run
+    groups: dict[tuple[int, int, str, float], list[dict[int, float]]] = defaultdict(list)
+    for (nodes, per_node, method, lr, _), run in chosen.items():
+        groups[nodes, per_node, method, lr].append(differences(run, references))
     lines = [
         "Mean difference to All-Reduce (best rate) over the seeds that reached the step (seeds in brackets;",
-        f"`default` counts the runs of {', '.join(f'`{m}`' for m in SAME_AS_DEFAULT)}, the same options):",
+        f"`default` counts the runs of {', '.join(f'`{m}`' for m in SAME_AS_DEFAULT)}, the same options,",
+        "a seed run under both names once):",
         "",
         "| nodes x ranks | method | lr | " + " | ".join(f"step {s}" for s in SUMMARY_STEPS) + " |",
         "|---|---|---:|" + "---:|" * len(SUMMARY_STEPS),
