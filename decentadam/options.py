@@ -33,6 +33,7 @@ from decentadam.topology import (
     TOPOLOGIES,
     Topology,
     changing_groups,
+    communicates,
     has_global_round,
     over_nodes,
     resolve,
@@ -276,7 +277,8 @@ class Setting:
                 )
         else:
             topology = resolve(self.topology, world_size, local_world_size)
-        topology = with_global_average(topology, self.average_every)
+        if communicates(topology):  # on one node of replicas (or one rank) there is nothing to average
+            topology = with_global_average(topology, self.average_every)
         found = changing_groups(topology)
         if self.exchange == "bf16_updates" and found is not None and not has_global_round(topology):
             rank, groups = found
@@ -288,7 +290,11 @@ class Setting:
                 "that point would be renewed: pass average_every=k (e.g. 16), use topology='complete', "
                 "or exchange='parameters'"
             )
-        if isinstance(self.second_moment, Global) and not has_global_round(topology):
+        if (
+            isinstance(self.second_moment, Global)
+            and communicates(topology)
+            and not has_global_round(topology)
+        ):
             raise ValueError(
                 f"second_moment='global' averages the ranks' second moments at the exact averages over "
                 f"all ranks, but topology {topology.name!r} has none: pass average_every=k (e.g. 16) "

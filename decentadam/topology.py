@@ -49,6 +49,7 @@ __all__ = [
     "Topology",
     "build",
     "changing_groups",
+    "communicates",
     "has_global_round",
     "over_nodes",
     "resolve",
@@ -312,6 +313,11 @@ def with_global_average(topology: Topology, every: int) -> Topology:
         local_world_size=topology.local_world_size,
         rounds=rounds,
     )
+
+
+def communicates(topology: Topology) -> bool:
+    """Whether some step has a group of more than one rank (else no rank ever sends anything)."""
+    return any(len(group) > 1 for groups in topology.rounds for group in groups)
 
 
 def has_global_round(topology: Topology) -> bool:

@@ -1280,7 +1280,11 @@ def test_the_default_on_one_node_is_adamw_on_the_node_s_mean_gradient() -> None:
         adamw.step()
     for model in models:
         torch.testing.assert_close(flat(model), flat(reference), rtol=0, atol=1e-12)
-    for optimizer in optimizers:
+    numel = flat(reference).numel()
+    for model, optimizer in zip(models, optimizers, strict=True):
+        # the replicas exchange nothing but the gradient sums, and keep no bf16 reference point
+        assert optimizer.topology.name == "one-peer-exp" and optimizer.stats.bytes_sent == steps * numel * 8
+        assert all("exchange_ref" not in optimizer.state[p] for p in model.parameters())
         optimizer.close()
 
 

@@ -194,3 +194,10 @@ def test_what_the_job_s_size_rules_out_is_refused_alike_by_the_optimizer_and_a_r
 def test_bad_communication_options_name_the_problem(comm: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Comm(**comm)
+
+
+def test_the_default_schedules_exact_averages_only_where_there_are_nodes_to_average() -> None:
+    """On one node of replicas the default has nothing to average (no exact average, no second
+    moment shared, so no bfloat16 reference point); from two nodes on, every 32nd step is one."""
+    assert Setting().schedule(4, 4).name == "one-peer-exp" and Setting().schedule(1, 1).world_size == 1
+    assert Setting().schedule(8, 4).name == Setting().schedule(4, 1).name == "one-peer-exp+avg32"

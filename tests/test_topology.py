@@ -408,3 +408,11 @@ def test_with_global_average_zero_is_the_topology_and_bad_periods_are_refused() 
     for bad in (-1, 2.0, True):
         with pytest.raises(ValueError, match="an integer >= 0"):
             with_global_average(base, bad)  # type: ignore[arg-type]
+
+
+def test_communicates_is_whether_any_group_has_two_ranks() -> None:
+    from decentadam.topology import communicates
+
+    assert communicates(build("ring", 4)) and communicates(over_nodes("one-peer-exp", 4, 2))
+    assert not communicates(build("complete", 1))
+    assert not communicates(over_nodes("one-peer-exp", 4, 4))  # one node: its ranks are replicas

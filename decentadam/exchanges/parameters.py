@@ -38,7 +38,7 @@ from torch import Tensor
 
 from decentadam.buckets import Bucket, views_like
 from decentadam.exchanges.link import Link
-from decentadam.topology import changing_groups
+from decentadam.topology import changing_groups, communicates
 
 __all__ = ["ParameterExchange"]
 
@@ -71,7 +71,7 @@ class ParameterExchange:
         # r moves with a rank's one fixed group, or with the exact average over every rank
         self._fixed_groups = changing_groups(link.topology) is None
         self._updates: dict[int, _Updates] = {}
-        if bf16_updates and link.world_size > 1:
+        if bf16_updates and communicates(link.topology):  # no r where no rank ever sends (one node)
             self._updates = {id(b): _Updates.of(b) for b in buckets}
 
     @property
