@@ -140,6 +140,7 @@ def train(rank: int, world_size: int, method: str, seed: int, args: dict[str, An
         optimizer = DecentralizedAdam(
             [weight],
             lr=LR,
+            # benchmarks.gossip.plain, written out: this script runs as a file, outside the package
             setting=Setting(
                 topology="ring",
                 exchange="parameters",

@@ -67,6 +67,7 @@ def time_steps(device: str, param_mb: float, steps: int) -> list[float]:
         p.grad = torch.zeros_like(p)
     optimizer = DecentralizedAdam(
         params,
+        # benchmarks.gossip.plain, written out: this script runs as a file, outside the package
         setting=Setting(
             topology="complete",
             exchange="parameters",

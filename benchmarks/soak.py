@@ -59,18 +59,14 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from benchmarks.a2cid2_straggler import free_port  # the same loopback launch
+from benchmarks.gossip import plain
 from benchmarks.machine import machine
-from decentadam import A2CiD2, AllRanks, Comm, DecentralizedAdam, Setting
+from decentadam import A2CiD2, Comm, DecentralizedAdam
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("aer-step", "aer-backward", "a2cid2")
 WORLD_SIZE, LOCAL_WORLD_SIZE = 4, 2
 METRICS = ("os_threads", "python_threads", "fds", "process_groups")  # must not change after warm-up
-
-PLAIN_AER = Setting(
-    topology="aer", exchange="parameters", average_every=0, intra_node="gossip", second_moment=AllRanks()
-)
-"""Every rank a worker of aer with float32 parameters: the gossip path the soak's numbers were made on."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -155,7 +151,7 @@ def soak(rank: int, mode: str, steps: int, sample_every: int, a2cid2_step_ms: fl
     else:
         overlap: Literal["step", "backward"] = "backward" if mode == "aer-backward" else "step"
         optimizer = DecentralizedAdam(
-            model.parameters(), lr=1e-3, setting=PLAIN_AER,
+            model.parameters(), lr=1e-3, setting=plain("aer"),
             comm=Comm(local_world_size=LOCAL_WORLD_SIZE, overlap=overlap, timeout=60),
         )  # fmt: skip
         pause = 0.0

@@ -18,11 +18,11 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks.gossip import plain
 from decentadam import A2CiD2, Comm, DecentralizedAdam
 from decentadam import checkpoint_files as files
 from decentadam.checkpoint import load_checkpoint, save_checkpoint
 from decentadam.integrations.accelerate import log_metrics_every, prepare
-from tests.settings import plain
 
 ACCUM = 2
 MAX_NORM = 0.05

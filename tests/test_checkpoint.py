@@ -15,11 +15,11 @@ import pytest
 import torch
 from torch import nn
 
+from benchmarks.gossip import plain
 from decentadam import Comm, DecentralizedAdam, make_setting
 from decentadam.checkpoint import load_checkpoint, save_checkpoint
 from decentadam.consensus import averaged, metrics, register_metrics_hook
 from tests.distributed_harness import run_distributed
-from tests.settings import plain
 
 SAVE_AT = 4
 TOTAL = 8

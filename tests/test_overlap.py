@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from benchmarks.gossip import plain
 from decentadam import Comm, DecentralizedAdam
 from decentadam.topology import Group
-from tests.settings import plain
 
 
 class ControlledExchange:

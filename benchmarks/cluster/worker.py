@@ -46,15 +46,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from benchmarks.gossip import plain
 from decentadam import DecentralizedAdam
 from decentadam.collectives import Handle
-from decentadam.options import AllRanks, Comm, Local, LocalUpdate, Setting
+from decentadam.options import Comm, Local, LocalUpdate
 from decentadam.topology import Group
 
 LR = 1e-4
-PLAIN: dict[str, Any] = {"exchange": "parameters", "average_every": 0, "intra_node": "gossip"}
-"""The paper's exchange, as decent-dp makes it: every rank a worker of the graph, float32 parameters,
-no exact averages (written out: the default setting differs)."""
 
 
 @dataclass
@@ -239,7 +237,7 @@ def run_ours(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> None
         model.parameters(),
         lr=LR,
         # AccumAdam's window, as decent-dp's AccumAdamW(accum_iter=...)
-        setting=Setting(topology=spec.topology, **PLAIN, second_moment=Local(spec.accum_steps)),
+        setting=plain(spec.topology, second_moment=Local(spec.accum_steps)),  # as decent-dp makes it
         comm=Comm(
             local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
             bucket_size_mb=spec.bucket_mb,
@@ -279,7 +277,7 @@ def run_exchange(spec: WorkerSpec, model: EmulatedModel, result: RankResult) -> 
     rank = dist.get_rank()
     optimizer = DecentralizedAdam(
         model.parameters(),
-        setting=Setting(topology=spec.topology, **PLAIN, second_moment=AllRanks()),
+        setting=plain(spec.topology),
         comm=Comm(
             local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
             bucket_size_mb=spec.bucket_mb,
@@ -421,7 +419,7 @@ def run_calibrate(spec: WorkerSpec, model: EmulatedModel, result: RankResult) ->
         model.parameters(),
         lr=LR,
         # ring: every step a pair, so every step mixes and copies its send buffer
-        setting=Setting(topology="ring", **PLAIN, second_moment=Local(spec.accum_steps)),
+        setting=plain("ring", second_moment=Local(spec.accum_steps)),
         comm=Comm(
             bucket_size_mb=spec.bucket_mb,
             communicator=_NoCommunication(rank, world),

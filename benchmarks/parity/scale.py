@@ -38,6 +38,7 @@ from typing import Any
 
 from torch import Tensor
 
+from benchmarks.gossip import PLAIN
 from benchmarks.parity.scale_table import DEFAULT
 from decentadam.collectives import Handle
 from decentadam.options import Global
@@ -47,16 +48,13 @@ ALWAYS = 10**9
 """sync_steps that covers a whole run: every step waits for its exchange and mixes before returning."""
 
 
-GRID_BASE: dict[str, Any] = {
-    "topology": "aer",
-    "exchange": "parameters",
-    "average_every": 0,
-    "second_moment": "all_ranks",
-    "sync_steps": 0,
+GRID_BASE: dict[str, Any] = {"topology": "aer", "sync_steps": 0} | {
+    name: value for name, value in PLAIN.items() if name != "intra_node"
 }
-"""What every other method starts from: the library's default when the grid began (the method
-``aer-all-ranks``), so that a method's name keeps meaning what its committed runs ran whatever the
-default becomes. ``intra_node`` comes from the layout (:func:`method_options`)."""
+"""What every other method starts from: plain gossip on aer (:mod:`benchmarks.gossip`, the library's
+default when the grid began, the method ``aer-all-ranks``), so that a method's name keeps meaning
+what its committed runs ran whatever the default becomes. ``intra_node`` comes from the layout
+(:func:`method_options`)."""
 
 
 @dataclass(frozen=True)
