@@ -159,9 +159,10 @@ class Setting:
     The fields' defaults are the default setting (``DecentralizedAdam(params, lr)``): the ranks of a
     node average their gradients, the nodes gossip on the one-peer exponential graph with bfloat16
     updates, every 32nd step is an exact average over all ranks that also averages the ranks'
-    second-moment estimates, and every step overlaps its exchange. On 8-32 simulated nodes it was the
-    closest to All-Reduce of the settings that keep the overlap and send at most 0.6x the bytes of a
-    bfloat16 all-reduce (``docs/results/2026-11-29-overlapped-candidate.md``). A field given replaces
+    second-moment estimates, and every step overlaps its exchange (on one node, whose ranks are
+    replicas, it is DDP). On 8-32 simulated nodes it was the closest to All-Reduce of the settings
+    that keep the overlap and send about 0.6x (0.56-0.61x) the bytes of a bfloat16 all-reduce
+    (``docs/results/2026-11-29-default.md``). A field given replaces
     only itself: ``Setting(second_moment=Local())`` is the default with each rank's own second moment.
     """
 

@@ -289,10 +289,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(_format_table(predictions))
     node_sums = [p.node_sum_s for p in predictions if p.node_sum_s]
     if args.intra_node == "all_reduce" and node_sums:
-        what = "gradients and their squares" if workload_of(options, work).node_squares else "gradients"
+        node_work = workload_of(options, work, args.params)
+        what = "gradients and their squares" if node_work.node_squares else "gradients"
         print(
             f"intra_node='all_reduce' (the topologies' rows): every step each node all-reduces "
-            f"{workload_of(options, work, args.params).node_sum_bytes() / 1e6:.0f} MB ({what}) in "
+            f"{node_work.node_sum_bytes() / 1e6:.0f} MB ({what}) in "
             f"{node_sums[0] * 1e3:.1f} ms before updating, and the topologies are built among the "
             f"{args.nodes} nodes"
         )
